@@ -1,0 +1,55 @@
+"""kerasflow: fast Keras training on several devices, planned for you (FastT + Wavelet).
+
+Importing ``kerasflow`` does not import TensorFlow; the TensorFlow-facing parts
+(``kerasflow.profiling``, ``kerasflow.strategies``, ``kerasflow.callbacks``) load on
+first use.
+
+Example:
+    >>> import kerasflow
+    >>> graph = kerasflow.planner.synthetic.chain_mlp(layers=2)
+    >>> cluster = kerasflow.Cluster.preset("2xK80-pcie")
+    >>> kerasflow.planner.simulate(graph, cluster, kerasflow.planner.single_device(graph, cluster)).makespan > 0
+    True
+"""
+
+import importlib
+
+from kerasflow import planner
+from kerasflow._version import __version__
+from kerasflow.planner import (
+    Cluster,
+    FileFormatError,
+    InvalidClusterError,
+    InvalidGraphError,
+    InvalidPlanError,
+    KerasflowError,
+    OpGraph,
+    Plan,
+    SimulationError,
+)
+
+__all__ = [
+    "__version__",
+    "planner",
+    "profiling",
+    "strategies",
+    "callbacks",
+    "OpGraph",
+    "Cluster",
+    "Plan",
+    "KerasflowError",
+    "InvalidGraphError",
+    "InvalidClusterError",
+    "InvalidPlanError",
+    "FileFormatError",
+    "SimulationError",
+]
+
+_LAZY_SUBPACKAGES = ("profiling", "strategies", "callbacks")
+
+
+def __getattr__(name):
+    # TensorFlow takes seconds to import: load the TF-facing subpackages on first use only.
+    if name in _LAZY_SUBPACKAGES:
+        return importlib.import_module(f"kerasflow.{name}")
+    raise AttributeError(f"module 'kerasflow' has no attribute {name!r}")

@@ -1,0 +1,3 @@
+"""The kerasflow version string."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,175 @@
+"""The ``kerasflow`` command: compare strategies, simulate plans and list clusters on saved files.
+
+None of these subcommands imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from kerasflow.planner import Cluster, KerasflowError, OpGraph, Plan, baselines, simulate, synthetic
+from kerasflow.planner.hardware import DEVICE_SPECS
+
+__all__ = ["main", "comparison_rows", "format_table"]
+
+
+def _graph(args) -> OpGraph:
+    if args.synthetic:
+        return synthetic.build(args.synthetic)
+    if not args.profile:
+        raise KerasflowError("Give a PROFILE.json, or --synthetic FAMILY to use a built-in graph.")
+    return OpGraph.load(args.profile)
+
+
+def _bytes(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{value:.0f} B"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain-text table with aligned columns, in the style of ``model.summary()``.
+
+    Example:
+        >>> print(format_table(["a", "b"], [["1", "22"]]))
+        a  b
+        ─────
+        1  22
+    """
+    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    rule = "─" * (sum(widths) + 2 * (len(widths) - 1))
+    return "\n".join([line(headers), rule] + [line(r) for r in rows])
+
+
+def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None) -> list[dict]:
+    """Predicted figures of every baseline strategy, and the lower bound.
+
+    Returns:
+        One dict per strategy: ``name``, ``step_time`` (s), ``peak_memory`` (bytes on the
+        fullest device), ``plan`` (None for the bound).
+    """
+    batch = batch or graph.batch_size
+    rows = []
+    makers = [("single device", baselines.single_device), ("data-parallel", baselines.data_parallel),
+              ("layer-wise model-parallel", baselines.layerwise_model_parallel)]
+    for name, make in makers:
+        plan = make(graph, cluster, batch=batch)
+        rows.append({"name": name, "step_time": plan.predicted_step_time,
+                     "peak_memory": max(plan.predicted_peak_memory.values()), "plan": plan})
+    bound = baselines.lower_bound(graph, cluster, batch)
+    rows.append({"name": "lower bound", "step_time": bound.seconds, "peak_memory": None, "plan": None})
+    return rows
+
+
+def _compare(args) -> int:
+    graph = _graph(args)
+    cluster = Cluster.resolve(args.cluster)
+    batch = args.batch_size or graph.batch_size
+    rows = comparison_rows(graph, cluster, batch)
+    single = rows[0]["step_time"]
+    table = []
+    for row in rows:
+        memory = row["peak_memory"]
+        fits = "" if memory is None else ("yes" if memory <= min(d.memory for d in cluster.devices) else "NO")
+        table.append([row["name"], f"{row['step_time'] * 1e3:.3f}", f"{single / row['step_time']:.2f}x",
+                      f"{batch / row['step_time']:.1f}", "" if memory is None else _bytes(memory), fits])
+    print(f"Graph {graph.name or args.profile!r}: {len(graph)} ops, {len(graph.edges)} edges, batch {batch}; "
+          f"cluster {cluster.name!r}: {len(cluster)} x {'/'.join(cluster.kinds())}")
+    print(format_table(["strategy", "step (ms)", "speedup", "samples/s", "peak memory", "fits"], table))
+    if args.trace:
+        best = min((r for r in rows if r["plan"] is not None), key=lambda r: r["step_time"])
+        simulate(graph, cluster, best["plan"], batch=batch).save_chrome_trace(args.trace)
+        print(f"Timeline of the best strategy ({best['name']}) written to {args.trace}.")
+    return 0
+
+
+def _simulate(args) -> int:
+    graph = _graph(args)
+    cluster = Cluster.resolve(args.cluster)
+    plan = Plan.load(args.plan)
+    result = simulate(graph, cluster, plan, batch=args.batch_size)
+    print(f"Predicted step time: {result.makespan * 1e3:.3f} ms")
+    rows = [[d, f"{result.busy[d] * 1e3:.3f}", f"{result.utilization[d] * 100:.1f}%", _bytes(result.peak_memory[d])]
+            for d in cluster.device_names]
+    print(format_table(["device", "busy (ms)", "utilisation", "peak memory"], rows))
+    if args.trace:
+        result.save_chrome_trace(args.trace)
+        print(f"Timeline written to {args.trace} (open in chrome://tracing or Perfetto).")
+    return 0
+
+
+def _clusters(args) -> int:
+    rows = []
+    for name in Cluster.presets():
+        cluster = Cluster.preset(name.replace(":N", ":4"))
+        device = cluster.devices[0]
+        link = cluster.slowest_link()
+        rows.append([name, str(len(cluster)) if ":N" not in name else "N", device.kind, _bytes(device.memory),
+                     f"{link.bandwidth / 1e9:g} GB/s", f"{link.latency * 1e6:g} us"])
+    print(format_table(["preset", "devices", "kind", "memory each", "slowest link", "latency"], rows))
+    print()
+    specs = [[s.kind, f"{s.peak_flops / 1e12:g}", f"{s.memory_bandwidth / 1e9:g}", _bytes(s.memory)]
+             for s in DEVICE_SPECS.values()]
+    print(format_table(["kind", "FP32 TFLOP/s", "memory GB/s", "memory"], specs))
+    return 0
+
+
+def _synthetic(args) -> int:
+    graph = synthetic.build(args.family)
+    graph.save(args.output)
+    print(f"Wrote {graph.name!r} ({len(graph)} ops) to {args.output}.")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kerasflow", description="Plan and simulate multi-device Keras training steps.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def graph_arguments(sub):
+        sub.add_argument("profile", nargs="?", help="a profile (OpGraph) JSON file")
+        sub.add_argument("--synthetic", choices=sorted(synthetic.FAMILIES),
+                         help="use a built-in synthetic graph instead of a profile")
+        sub.add_argument("--cluster", required=True, help="a preset name (see `kerasflow clusters`) or a cluster JSON file")
+        sub.add_argument("--batch-size", type=int, default=None, help="the batch to predict (default: the profile's)")
+        sub.add_argument("--trace", help="write a Chrome-trace timeline to this file")
+
+    compare = commands.add_parser("compare", help="predicted step time of each strategy on a cluster")
+    graph_arguments(compare)
+    compare.set_defaults(run=_compare)
+    sim = commands.add_parser("simulate", help="simulate a saved plan")
+    graph_arguments(sim)
+    sim.add_argument("--plan", required=True, help="a plan JSON file")
+    sim.set_defaults(run=_simulate)
+    clusters = commands.add_parser("clusters", help="the cluster presets and device figures")
+    clusters.set_defaults(run=_clusters)
+    synth = commands.add_parser("synthetic", help="write a built-in synthetic graph as a profile JSON")
+    synth.add_argument("family", choices=sorted(synthetic.FAMILIES))
+    synth.add_argument("-o", "--output", required=True, help="where to write the profile")
+    synth.set_defaults(run=_synthetic)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the ``kerasflow`` command; returns 0 on success, 2 on bad input.
+
+    Example:
+        >>> main(["clusters"])  # doctest: +ELLIPSIS
+        preset ...
+        0
+    """
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except KerasflowError as error:
+        print(f"kerasflow {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

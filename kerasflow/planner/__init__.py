@@ -1,0 +1,44 @@
+"""kerasflow's pure-Python planning core: the IR, clusters, plans, the simulator, baselines.
+
+Nothing in this package imports TensorFlow or Keras (a test enforces it), so plans can be
+computed and inspected on any machine.
+
+Example:
+    >>> from kerasflow.planner import Cluster, synthetic, baselines
+    >>> graph = synthetic.inception_like(blocks=1)
+    >>> plan = baselines.data_parallel(graph, Cluster.preset("4xV100-nvlink"))
+    >>> plan.predicted_step_time > 0
+    True
+"""
+
+from kerasflow.planner import baselines, costmodel, hardware, synthetic
+from kerasflow.planner.baselines import (
+    LowerBound,
+    data_parallel,
+    layerwise_model_parallel,
+    lower_bound,
+    single_device,
+)
+from kerasflow.planner.cluster import Cluster, Device, Link
+from kerasflow.planner.errors import (
+    FileFormatError,
+    InvalidClusterError,
+    InvalidGraphError,
+    InvalidPlanError,
+    KerasflowError,
+    SimulationError,
+)
+from kerasflow.planner.graph import PHASES, Affine, Edge, Op, OpGraph
+from kerasflow.planner.plan import DataParallel, Plan, Shard, Waves
+from kerasflow.planner.simulator import SimulationResult, Transfer, simulate
+
+__all__ = [
+    "Affine", "Op", "Edge", "OpGraph", "PHASES",
+    "Device", "Link", "Cluster",
+    "Shard", "Waves", "DataParallel", "Plan",
+    "simulate", "SimulationResult", "Transfer",
+    "single_device", "data_parallel", "layerwise_model_parallel", "lower_bound", "LowerBound",
+    "KerasflowError", "InvalidGraphError", "InvalidClusterError", "InvalidPlanError",
+    "FileFormatError", "SimulationError",
+    "baselines", "costmodel", "hardware", "synthetic",
+]

@@ -1,0 +1,237 @@
+"""Baseline plans every planner is judged against, and a lower bound on the step time.
+
+- ``single_device``: everything on the fastest device.
+- ``data_parallel``: every device runs the whole step on 1/D of the batch; gradients are
+  ring-all-reduced (``2(D-1)/D`` x gradient bytes over the slowest link), weights
+  replicated.
+- ``layerwise_model_parallel``: layers in topological order cut into contiguous stages
+  balanced by cost, one stage per device.
+- ``lower_bound``: no plan can beat it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+from kerasflow.planner.cluster import Cluster
+from kerasflow.planner.errors import InvalidPlanError
+from kerasflow.planner.graph import OpGraph
+from kerasflow.planner.plan import DataParallel, Plan
+from kerasflow.planner.simulator import simulate
+from kerasflow.planner.taskgraph import batch_ops
+
+__all__ = ["single_device", "data_parallel", "layerwise_model_parallel", "lower_bound",
+           "LowerBound", "fastest_device", "with_prediction"]
+
+
+def with_prediction(plan: Plan, graph: OpGraph, cluster: Cluster, batch: int | None = None) -> Plan:
+    """``plan`` with its predicted step time, peak memory and provenance filled in by the simulator.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
+        >>> with_prediction(single_device(graph, cluster), graph, cluster).predicted_step_time > 0
+        True
+    """
+    batch = batch or plan.batch_size or graph.batch_size
+    result = simulate(graph, cluster, plan, batch=batch)
+    return dataclasses.replace(
+        plan, batch_size=batch, predicted_step_time=result.makespan,
+        predicted_peak_memory=dict(result.peak_memory), graph_fingerprint=graph.fingerprint(),
+        cluster=cluster.name)
+
+
+def fastest_device(graph: OpGraph, cluster: Cluster, batch: float | None = None) -> str:
+    """The device that runs the whole step fastest on its own (first on ties)."""
+    batch = batch or graph.batch_size
+    best, best_time = None, math.inf
+    for device in cluster.devices:
+        time = graph.total_work(device.kind, batch) / device.speed
+        if time < best_time:
+            best, best_time = device.name, time
+    return best
+
+
+def single_device(graph: OpGraph, cluster: Cluster, device: str | None = None,
+                  batch: int | None = None) -> Plan:
+    """Every op on one device (default: the fastest), in topological order.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> plan = single_device(synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie"))
+        >>> plan.devices(), plan.algorithm
+        (['/GPU:0'], 'single_device')
+    """
+    device = device or fastest_device(graph, cluster, batch)
+    cluster.device(device)
+    plan = Plan(placement={op.name: device for op in graph.ops},
+                order={device: graph.topological_order()}, batch_size=batch, algorithm="single_device")
+    return with_prediction(plan, graph, cluster, batch)
+
+
+def data_parallel(graph: OpGraph, cluster: Cluster, devices: list[str] | None = None,
+                  batch: int | None = None) -> Plan:
+    """Data parallelism over ``devices`` (default: all), with a ring all-reduce.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> plan = data_parallel(synthetic.chain_mlp(layers=2), Cluster.preset("4xV100-pcie"))
+        >>> len(plan.data_parallel.devices)
+        4
+    """
+    devices = list(devices or cluster.device_names)
+    for device in devices:
+        cluster.device(device)
+    plan = Plan(data_parallel=DataParallel(tuple(devices)), batch_size=batch, algorithm="data_parallel")
+    return with_prediction(plan, graph, cluster, batch)
+
+
+def layerwise_model_parallel(graph: OpGraph, cluster: Cluster, devices: list[str] | None = None,
+                             batch: int | None = None) -> Plan:
+    """Contiguous layer stages, one per device, balanced by cost.
+
+    Layers are ordered by their first op in topological order; the cut minimises the
+    most expensive stage (exact linear partition). Ops without a layer follow the layer
+    of a neighbour; a colocation group follows its first member.
+
+    Raises:
+        InvalidPlanError: the graph has no layers to partition.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> plan = layerwise_model_parallel(synthetic.chain_mlp(layers=4), Cluster.preset("2xK80-pcie"))
+        >>> plan.devices()
+        ['/GPU:0', '/GPU:1']
+    """
+    devices = list(devices or cluster.device_names)
+    kinds = {cluster.device(d).kind for d in devices}
+    batch_value = batch or graph.batch_size
+    topo = graph.topological_order()
+    layer_cost: dict[str, float] = {}
+    for name in topo:
+        op = graph.op(name)
+        if op.layer is not None:
+            cost = min(op.duration(kind, batch_value) for kind in kinds)
+            layer_cost[op.layer] = layer_cost.get(op.layer, 0.0) + cost
+    if not layer_cost:
+        raise InvalidPlanError(
+            f"graph {graph.name!r} has no ops with a layer, so it cannot be cut into layer stages; "
+            "profile it from a Keras model or use another planner.")
+    layers = list(layer_cost)
+    stages = _linear_partition([layer_cost[l] for l in layers], min(len(devices), len(layers)))
+    device_of_layer = {}
+    for stage, (lo, hi) in enumerate(stages):
+        for layer in layers[lo:hi]:
+            device_of_layer[layer] = devices[stage]
+    placement = _place_by_layer(graph, topo, device_of_layer, devices[0])
+    plan = Plan(placement=placement, batch_size=batch, algorithm="layerwise_model_parallel")
+    return with_prediction(plan, graph, cluster, batch)
+
+
+def _linear_partition(costs: list[float], parts: int) -> list[tuple[int, int]]:
+    """Cuts ``costs`` into at most ``parts`` contiguous ranges minimising the largest sum.
+
+    Binary search on the largest stage with a greedy fill: exact (to float precision)
+    and O(n log) so it handles graphs of 100k ops.
+    """
+    def stages(cap: float) -> list[tuple[int, int]] | None:
+        ranges, lo, total = [], 0, 0.0
+        for i, c in enumerate(costs):
+            if total + c > cap and i > lo:
+                ranges.append((lo, i))
+                lo, total = i, 0.0
+            total += c
+        ranges.append((lo, len(costs)))
+        return ranges if len(ranges) <= parts else None
+
+    low, high = max(costs, default=0.0), math.fsum(costs)
+    for _ in range(100):
+        if high - low <= 1e-12 * max(high, 1e-30):
+            break
+        middle = (low + high) / 2
+        if stages(middle) is None:
+            low = middle
+        else:
+            high = middle
+    return stages(high)
+
+
+def _place_by_layer(graph: OpGraph, topo: list[str], device_of_layer: dict[str, str], default: str) -> dict[str, str]:
+    placement: dict[str, str] = {}
+    # Forward pass: an op without a layer joins its first placed producer...
+    for name in topo:
+        op = graph.op(name)
+        if op.layer in device_of_layer:
+            placement[name] = device_of_layer[op.layer]
+        else:
+            preds = [placement[p] for p in graph.predecessors(name) if p in placement]
+            placement[name] = preds[0] if preds else None  # type: ignore[assignment]
+    # ...and a source without a layer (the input) joins its first consumer.
+    for name in reversed(topo):
+        if placement[name] is None:
+            succs = [placement[s] for s in graph.successors(name) if placement.get(s)]
+            placement[name] = succs[0] if succs else default
+    group_device: dict[str, str] = {}
+    for name in topo:
+        group = graph.op(name).colocation
+        if group is not None:
+            placement[name] = group_device.setdefault(group, placement[name])
+    return placement
+
+
+class LowerBound(NamedTuple):
+    """A lower bound on the step time and its two parts.
+
+    Attributes:
+        seconds: the bound, ``max(critical_path, average_work)``.
+        critical_path: the longest chain of ops, each at its best device, with the
+            per-sample part of batch ops shared by all devices (splitting can do no better).
+        average_work: the total work, each op at its best device, over the device count.
+    """
+
+    seconds: float
+    critical_path: float
+    average_work: float
+
+
+def lower_bound(graph: OpGraph, cluster: Cluster, batch: float | None = None) -> LowerBound:
+    """A step time no plan (placement, splits, waves or data parallelism) can beat.
+
+    Transfers are ignored and every op takes its fastest device, so the bound is loose
+    when communication matters; it is exact for one device running a chain.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> graph = synthetic.chain_mlp(layers=2)
+        >>> cluster = Cluster.preset("cpu-testbed:1")
+        >>> abs(lower_bound(graph, cluster).seconds - graph.total_work("CPU")) < 1e-12
+        True
+    """
+    batch = graph.batch_size if batch is None else batch
+    devices = cluster.devices
+    count = len(devices)
+    is_batch = batch_ops(graph)
+    work = []
+    chain = []
+    for i, op in enumerate(graph.ops):
+        best_total = best_fixed = best_per = math.inf
+        for d in devices:
+            cost = op.cost.get(d.kind)
+            if cost is None:
+                continue
+            best_total = min(best_total, cost.at(batch) / d.speed)
+            best_fixed = min(best_fixed, cost.fixed / d.speed)
+            best_per = min(best_per, cost.per_sample * batch / d.speed)
+        if best_total == math.inf:
+            op.duration(devices[0].kind, batch)  # raises the clear missing-cost error
+        work.append(best_total)
+        chain.append(best_fixed + best_per / count if is_batch[i] and count > 1 else best_total)
+    s = graph._structure
+    finish = [0.0] * len(work)
+    for i in s.topo:
+        finish[i] = max((finish[p] for p in s.preds[i]), default=0.0) + chain[i]
+    critical = max(finish, default=0.0)
+    average = math.fsum(work) / count
+    return LowerBound(max(critical, average), critical, average)

@@ -1,0 +1,379 @@
+"""``Cluster``: the devices a plan may use and the links between them, with cited presets."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Iterable, Mapping, NamedTuple
+
+from kerasflow.planner import _jsonio
+from kerasflow.planner.errors import InvalidClusterError
+from kerasflow.planner.hardware import DEVICE_SPECS, GB
+
+__all__ = ["Device", "Link", "Cluster", "CLUSTER_FORMAT_VERSION"]
+
+CLUSTER_FORMAT_VERSION = 1
+_CLUSTER_KIND = "kerasflow.Cluster"
+
+
+def _positive(value: Any, what: str, *, zero_ok: bool = False) -> float:
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value) and (value >= 0 if zero_ok else value > 0))
+    if not ok:
+        bound = "non-negative" if zero_ok else "positive"
+        raise InvalidClusterError(f"{what} must be a finite {bound} number; received {value!r}.")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """One device a plan can put ops on.
+
+    Args:
+        name: the TensorFlow device string (``"/GPU:0"``,
+            ``"/job:worker/replica:0/task:1/device:GPU:3"``).
+        kind: the device kind op costs are keyed by (``"V100"``, ``"CPU"``).
+        memory: bytes of device memory.
+        speed: relative speed within its kind (an op's cost for the kind is divided by it).
+        host: which machine the device sits in (for multi-host clusters).
+        memory_bandwidth: bytes/s of device memory, used to price split and concat copies;
+            defaults to the kind's datasheet figure.
+        launch_overhead: seconds any kernel costs; defaults to the kind's figure.
+
+    Example:
+        >>> Device("/GPU:0", "V100", memory=16 * 2**30).memory_bandwidth
+        900000000000.0
+    """
+
+    name: str
+    kind: str
+    memory: int
+    speed: float = 1.0
+    host: int = 0
+    memory_bandwidth: float = 0.0
+    launch_overhead: float = -1.0
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidClusterError(f"A device needs a non-empty name; received {self.name!r}.")
+        if not isinstance(self.kind, str) or not self.kind:
+            raise InvalidClusterError(f"device {self.name!r}: 'kind' must be a non-empty string.")
+        memory = _positive(self.memory, f"device {self.name!r}: field 'memory'")
+        object.__setattr__(self, "memory", int(memory))
+        object.__setattr__(self, "speed", _positive(self.speed, f"device {self.name!r}: field 'speed'"))
+        if isinstance(self.host, bool) or not isinstance(self.host, int) or self.host < 0:
+            raise InvalidClusterError(f"device {self.name!r}: 'host' must be an integer >= 0.")
+        spec = DEVICE_SPECS.get(self.kind)
+        if not self.memory_bandwidth:
+            object.__setattr__(self, "memory_bandwidth", spec.memory_bandwidth if spec else 100 * GB)
+        _positive(self.memory_bandwidth, f"device {self.name!r}: field 'memory_bandwidth'")
+        if self.launch_overhead < 0:
+            object.__setattr__(self, "launch_overhead", spec.launch_overhead if spec else 5e-6)
+        _positive(self.launch_overhead, f"device {self.name!r}: field 'launch_overhead'", zero_ok=True)
+
+    def copy_seconds(self, nbytes: float) -> float:
+        """Seconds a local copy of ``nbytes`` takes (read + write), launch included."""
+        return self.launch_overhead + 2.0 * nbytes / self.memory_bandwidth
+
+
+class Link(NamedTuple):
+    """A directed link: a transfer of ``b`` bytes takes ``latency + b / bandwidth`` seconds.
+
+    Example:
+        >>> Link(latency=1e-5, bandwidth=12e9).seconds(12e6)
+        0.00101
+    """
+
+    latency: float
+    bandwidth: float
+
+    def seconds(self, nbytes: float) -> float:
+        """Transfer time of ``nbytes``."""
+        return self.latency + nbytes / self.bandwidth
+
+
+def _check_link(link: Any, what: str) -> Link:
+    if isinstance(link, Mapping):
+        link = (link.get("latency"), link.get("bandwidth"))
+    if not isinstance(link, (tuple, list)) or len(link) != 2:
+        raise InvalidClusterError(f"{what} must be (latency seconds, bandwidth bytes/s); received {link!r}.")
+    return Link(_positive(link[0], f"{what} latency", zero_ok=True), _positive(link[1], f"{what} bandwidth"))
+
+
+# Link figures used by the presets (one direction):
+# - PCIe 3.0 x16: 15.75 GB/s theoretical, ~12 GB/s achieved by cudaMemcpy peer copies;
+#   ~10 us per copy (launch + DMA setup).
+# - NVLink 2 (V100): 25 GB/s per link per direction (NVIDIA V100 whitepaper); ~5 us.
+# - NVLink 3 through NVSwitch (DGX A100): 300 GB/s per GPU per direction; ~3 us.
+# - NVLink 4 through NVSwitch (DGX H100): 450 GB/s per GPU per direction; ~3 us.
+# - 100 Gb/s Ethernet between hosts: 12.5 GB/s line rate; ~25 us through the TCP stack.
+# - Logical CPUs of one process pass tensors by reference; the cost is TF's send/receive
+#   rendezvous, ~20 us, and a nominal 50 GB/s.
+PCIE3 = Link(10e-6, 12 * GB)
+NVLINK2 = Link(5e-6, 25 * GB)
+NVSWITCH3 = Link(3e-6, 300 * GB)
+NVSWITCH4 = Link(3e-6, 450 * GB)
+ETHERNET_100G = Link(25e-6, 12.5 * GB)
+SAME_PROCESS = Link(20e-6, 50 * GB)
+
+
+class Cluster:
+    """Devices and the links between them.
+
+    Args:
+        devices: the devices, names unique.
+        default_link: the link between any two devices not listed in ``links``.
+        links: per ordered pair ``(src name, dst name)``, a ``Link`` overriding the default.
+        name: a label (presets use their preset name).
+
+    Raises:
+        InvalidClusterError: duplicate or unknown devices, or bad figures.
+
+    Example:
+        >>> cluster = Cluster([Device("/GPU:0", "V100", 16 * 2**30),
+        ...                    Device("/GPU:1", "V100", 16 * 2**30)],
+        ...                   default_link=Link(5e-6, 25e9))
+        >>> cluster.transfer_time("/GPU:0", "/GPU:1", 25e6)
+        0.001005
+    """
+
+    def __init__(
+        self,
+        devices: Iterable[Device],
+        default_link: Link | tuple = PCIE3,
+        links: Mapping[tuple[str, str], Link | tuple] | None = None,
+        *,
+        name: str = "",
+    ):
+        self._devices = tuple(devices)
+        if not self._devices:
+            raise InvalidClusterError("A cluster needs at least one device.")
+        for device in self._devices:
+            if not isinstance(device, Device):
+                raise InvalidClusterError(f"Cluster takes Device objects; received {device!r}.")
+        self._index: dict[str, int] = {}
+        for i, device in enumerate(self._devices):
+            if device.name in self._index:
+                raise InvalidClusterError(f"device {device.name!r} appears twice in the cluster.")
+            self._index[device.name] = i
+        self._default = _check_link(default_link, "default_link")
+        self._links: dict[tuple[str, str], Link] = {}
+        for pair, link in (links or {}).items():
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise InvalidClusterError(f"A link is keyed by (src, dst); received {pair!r}.")
+            for end in pair:
+                self.device(end)
+            if pair[0] == pair[1]:
+                raise InvalidClusterError(f"A link joins two different devices; received {pair!r}.")
+            self._links[pair] = _check_link(link, f"link {pair[0]} -> {pair[1]}")
+        self._name = str(name)
+        n = len(self._devices)
+        # Dense matrices for the simulator's inner loop.
+        self.latency_matrix = [[0.0] * n for _ in range(n)]
+        self.inverse_bandwidth_matrix = [[0.0] * n for _ in range(n)]
+        for a, da in enumerate(self._devices):
+            for b, db in enumerate(self._devices):
+                if a != b:
+                    link = self.link(da.name, db.name)
+                    self.latency_matrix[a][b] = link.latency
+                    self.inverse_bandwidth_matrix[a][b] = 1.0 / link.bandwidth
+
+    # ------------------------------------------------------------------ accessors
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        """The devices, in order."""
+        return self._devices
+
+    @property
+    def device_names(self) -> list[str]:
+        """The device names, in order."""
+        return [d.name for d in self._devices]
+
+    @property
+    def name(self) -> str:
+        """The cluster's label."""
+        return self._name
+
+    @property
+    def default_link(self) -> Link:
+        """The link used for pairs without an override."""
+        return self._default
+
+    def __len__(self) -> int:
+        return len(self._devices)
+
+    def __repr__(self) -> str:
+        return f"Cluster(name={self._name!r}, devices={self.device_names})"
+
+    def device(self, name: str) -> Device:
+        """The device called ``name``.
+
+        Raises:
+            InvalidClusterError: no such device; the message lists the known ones.
+        """
+        try:
+            return self._devices[self._index[name]]
+        except (KeyError, TypeError):
+            raise InvalidClusterError(
+                f"device {name!r} is not in the cluster; it has {self.device_names}."
+            ) from None
+
+    def index(self, name: str) -> int:
+        """Position of device ``name``."""
+        self.device(name)
+        return self._index[name]
+
+    def link(self, src: str, dst: str) -> Link:
+        """The link from ``src`` to ``dst`` (the default unless overridden)."""
+        self.device(src)
+        self.device(dst)
+        return self._links.get((src, dst), self._default)
+
+    def transfer_time(self, src: str, dst: str, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` from ``src`` to ``dst`` (0 on the same device)."""
+        if src == dst:
+            return 0.0
+        return self.link(src, dst).seconds(nbytes)
+
+    def slowest_link(self) -> Link:
+        """The link with the lowest bandwidth among all device pairs (ties: highest latency)."""
+        if len(self._devices) < 2:
+            return self._default
+        links = [self.link(a.name, b.name) for a in self._devices for b in self._devices if a is not b]
+        return min(links, key=lambda link: (link.bandwidth, -link.latency))
+
+    def kinds(self) -> list[str]:
+        """Distinct device kinds, in device order."""
+        return list(dict.fromkeys(d.kind for d in self._devices))
+
+    def with_links(self, links: Mapping[tuple[str, str], Link | tuple]) -> "Cluster":
+        """A copy with some links overridden (e.g. by measured figures)."""
+        return Cluster(self._devices, self._default, {**self._links, **dict(links)}, name=self._name)
+
+    def subset(self, names: Iterable[str]) -> "Cluster":
+        """A cluster of only the named devices, links kept."""
+        names = list(names)
+        devices = [self.device(n) for n in names]
+        links = {p: l for p, l in self._links.items() if p[0] in names and p[1] in names}
+        return Cluster(devices, self._default, links, name=f"{self._name}[{len(names)}]")
+
+    # ------------------------------------------------------------------ presets
+    @staticmethod
+    def presets() -> list[str]:
+        """Names accepted by ``Cluster.preset`` (``cpu-testbed:N`` takes any N >= 1)."""
+        return list(_PRESETS) + ["cpu-testbed:N"]
+
+    @classmethod
+    def preset(cls, name: str) -> "Cluster":
+        """A cluster with published figures.
+
+        Args:
+            name: one of ``Cluster.presets()``, e.g. ``"4xV100-nvlink"`` or ``"cpu-testbed:4"``.
+
+        Raises:
+            InvalidClusterError: unknown name.
+
+        Example:
+            >>> Cluster.preset("2x8xV100").device_names[8]
+            '/job:worker/replica:0/task:1/device:GPU:0'
+        """
+        match = re.fullmatch(r"cpu-testbed:(\d+)", str(name))
+        if match:
+            count = int(match.group(1))
+            if count < 1:
+                raise InvalidClusterError("cpu-testbed:N needs N >= 1.")
+            devices = [Device(f"/CPU:{i}", "CPU", DEVICE_SPECS["CPU"].memory) for i in range(count)]
+            return cls(devices, SAME_PROCESS, name=name)
+        if name not in _PRESETS:
+            raise InvalidClusterError(
+                f"Unknown cluster preset {name!r}; known presets: {cls.presets()}. "
+                "Run `kerasflow clusters` to see their figures, or load a Cluster JSON file."
+            )
+        return _PRESETS[name]()
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict:
+        """The cluster as JSON-ready data."""
+        return {
+            "format_version": CLUSTER_FORMAT_VERSION,
+            "kind": _CLUSTER_KIND,
+            "name": self._name,
+            "devices": [dataclasses.asdict(d) for d in self._devices],
+            "default_link": self._default._asdict(),
+            "links": [{"src": s, "dst": d, **l._asdict()} for (s, d), l in self._links.items()],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Cluster":
+        """Builds a cluster from ``to_dict`` data, validating everything."""
+        _jsonio.check_header(data, _CLUSTER_KIND, CLUSTER_FORMAT_VERSION)
+        devices_data = data.get("devices")
+        if not isinstance(devices_data, list):
+            raise InvalidClusterError("field 'devices' must be a list of device objects.")
+        known = {f.name for f in dataclasses.fields(Device)}
+        devices = []
+        for item in devices_data:
+            if not isinstance(item, Mapping) or not {"name", "kind", "memory"} <= set(item):
+                raise InvalidClusterError(
+                    f"Each device needs 'name', 'kind' and 'memory'; received {item!r}.")
+            unknown = sorted(set(item) - known)
+            if unknown:
+                raise InvalidClusterError(f"device {item.get('name')!r}: unknown field(s) {unknown}.")
+            devices.append(Device(**item))
+        links = {}
+        for item in data.get("links") or []:
+            if not isinstance(item, Mapping) or "src" not in item or "dst" not in item:
+                raise InvalidClusterError(f"Each link needs 'src' and 'dst'; received {item!r}.")
+            links[(item["src"], item["dst"])] = item
+        return cls(devices, data.get("default_link", PCIE3), links, name=data.get("name", ""))
+
+    def save(self, path) -> None:
+        """Writes the cluster as JSON."""
+        _jsonio.save(self.to_dict(), path)
+
+    @classmethod
+    def load(cls, path) -> "Cluster":
+        """Reads and validates a cluster written by ``save``."""
+        return _jsonio.load(path, cls.from_dict, what="cluster")
+
+    @classmethod
+    def resolve(cls, spec: "Cluster | str") -> "Cluster":
+        """A ``Cluster`` from itself, a preset name, or a path to a cluster JSON file."""
+        if isinstance(spec, Cluster):
+            return spec
+        if isinstance(spec, str) and (spec in _PRESETS or spec.startswith("cpu-testbed:")):
+            return cls.preset(spec)
+        if isinstance(spec, str) and spec.endswith(".json"):
+            return cls.load(spec)
+        raise InvalidClusterError(
+            f"Expected a Cluster, a preset name or a .json path; received {spec!r}. "
+            f"Presets: {cls.presets()}."
+        )
+
+
+def _gpus(kind: str, count: int, link: Link, *, hosts: int = 1, name: str) -> Cluster:
+    spec = DEVICE_SPECS[kind]
+    devices = []
+    for host in range(hosts):
+        for i in range(count):
+            device = f"/GPU:{i}" if hosts == 1 else f"/job:worker/replica:0/task:{host}/device:GPU:{i}"
+            devices.append(Device(device, kind, spec.memory, host=host))
+    links = {}
+    if hosts > 1:
+        for a in devices:
+            for b in devices:
+                if a.host != b.host:
+                    links[(a.name, b.name)] = ETHERNET_100G
+    return Cluster(devices, link, links, name=name)
+
+
+_PRESETS = {
+    "2xK80-pcie": lambda: _gpus("K80", 2, PCIE3, name="2xK80-pcie"),
+    "4xV100-pcie": lambda: _gpus("V100", 4, PCIE3, name="4xV100-pcie"),
+    "4xV100-nvlink": lambda: _gpus("V100", 4, NVLINK2, name="4xV100-nvlink"),
+    "8xV100-nvlink": lambda: _gpus("V100", 8, NVLINK2, name="8xV100-nvlink"),
+    "8xA100-nvlink": lambda: _gpus("A100", 8, NVSWITCH3, name="8xA100-nvlink"),
+    "8xH100-nvlink": lambda: _gpus("H100", 8, NVSWITCH4, name="8xH100-nvlink"),
+    "2x8xV100": lambda: _gpus("V100", 8, NVLINK2, hosts=2, name="2x8xV100"),
+}

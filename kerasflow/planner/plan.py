@@ -1,0 +1,316 @@
+"""``Plan``: where every op runs, in which order, how layers split and how waves run."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
+
+from kerasflow.planner import _jsonio
+from kerasflow.planner.errors import InvalidPlanError, KerasflowError
+
+__all__ = ["Shard", "Waves", "DataParallel", "Plan", "PLAN_FORMAT_VERSION", "WAVE_OFFSETS"]
+
+PLAN_FORMAT_VERSION = 1
+_PLAN_KIND = "kerasflow.Plan"
+WAVE_OFFSETS = ("forward", "none")
+
+
+def _version() -> str:
+    from kerasflow._version import __version__
+
+    return __version__
+
+
+class _Frozen(dict):
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("Plans are immutable; build a new one with dataclasses.replace().")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """One shard of a split layer: the fraction of the batch it takes and its device.
+
+    Example:
+        >>> Shard("/GPU:1", 0.25)
+        Shard(device='/GPU:1', fraction=0.25)
+    """
+
+    device: str
+    fraction: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Waves:
+    """Tick-Tock waves: the batch runs as ``count`` micro-batches with offset launches.
+
+    Args:
+        count: number of waves (micro-batches); 2 is Tick-Tock.
+        offset: ``"forward"``: wave ``w`` starts its forward pass only when wave ``w-1``
+            has finished its forward pass (Wavelet's half-cycle offset);
+            ``"none"``: waves start together and interleave by priority (a pipeline).
+        stage_maps: for each wave, a device -> device mapping applied to the plan's
+            placement (the tock wave of Tick-Tock model parallelism reverses the stage
+            order). Empty, or an empty mapping for a wave, means identity.
+        fractions: each wave's share of the batch; equal shares when empty.
+
+    The waves' gradients are summed before one optimizer update, so the result equals
+    training on the whole batch.
+
+    Example:
+        >>> Waves(2, stage_maps=({}, {"/GPU:0": "/GPU:1", "/GPU:1": "/GPU:0"})).fraction(1)
+        0.5
+    """
+
+    count: int = 2
+    offset: str = "forward"
+    stage_maps: tuple[Mapping[str, str], ...] = ()
+    fractions: tuple[float, ...] = ()
+
+    def __post_init__(self):
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise InvalidPlanError(f"waves.count must be an integer >= 1; received {self.count!r}.")
+        if self.offset not in WAVE_OFFSETS:
+            raise InvalidPlanError(f"waves.offset must be one of {WAVE_OFFSETS}; received {self.offset!r}.")
+        maps = tuple(_Frozen(dict(m or {})) for m in self.stage_maps)
+        if maps and len(maps) != self.count:
+            raise InvalidPlanError(
+                f"waves.stage_maps has {len(maps)} mappings for {self.count} waves; give one per wave.")
+        for m in maps:
+            if sorted(m) != sorted(m.values()):
+                raise InvalidPlanError(
+                    f"a wave's stage map must permute devices (each device once on each side); "
+                    f"received {dict(m)!r}.")
+        object.__setattr__(self, "stage_maps", maps)
+        fractions = tuple(float(f) for f in self.fractions)
+        if fractions:
+            if len(fractions) != self.count:
+                raise InvalidPlanError(
+                    f"waves.fractions has {len(fractions)} entries for {self.count} waves.")
+            if any(not (f > 0) for f in fractions) or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
+                raise InvalidPlanError(
+                    f"waves.fractions must be positive and sum to 1; received {list(fractions)}.")
+        object.__setattr__(self, "fractions", fractions)
+
+    def fraction(self, wave: int) -> float:
+        """The share of the batch wave ``wave`` takes."""
+        return self.fractions[wave] if self.fractions else 1.0 / self.count
+
+    def device(self, wave: int, device: str) -> str:
+        """Where wave ``wave`` runs what the placement puts on ``device``."""
+        if not self.stage_maps:
+            return device
+        return self.stage_maps[wave].get(device, device)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataParallel:
+    """Data parallelism: every device runs the whole step on an equal share of the batch.
+
+    Gradients are combined by a ring all-reduce (``2(D-1)/D`` x gradient bytes over the
+    slowest link) and every device keeps a replica of the weights.
+
+    Example:
+        >>> DataParallel(("/GPU:0", "/GPU:1")).devices
+        ('/GPU:0', '/GPU:1')
+    """
+
+    devices: tuple[str, ...]
+    allreduce: str = "ring"
+
+    def __post_init__(self):
+        devices = tuple(self.devices)
+        if not devices or len(set(devices)) != len(devices):
+            raise InvalidPlanError(
+                f"data_parallel.devices must list distinct devices; received {list(devices)}.")
+        if self.allreduce != "ring":
+            raise InvalidPlanError(f"Only the 'ring' all-reduce is modelled; received {self.allreduce!r}.")
+        object.__setattr__(self, "devices", devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one training step runs on a cluster.
+
+    Args:
+        placement: op name -> device name, for every op (empty with ``data_parallel``).
+        order: device name -> task names in the order the device runs them. Task names
+            are op names, suffixed for copies: ``@r<i>`` replica, ``@w<i>`` wave,
+            ``@s<i>`` shard (e.g. ``"dense/MatMul@w1@s0"``). A device without an order
+            runs ready tasks by priority.
+        splits: layer -> shards; the layer's batch ops run as one copy per shard.
+        waves: Tick-Tock waves, or None for one wave.
+        data_parallel: data parallelism over these devices, or None.
+        batch_size: the batch planned for; None means the graph's.
+        predicted_step_time: seconds per step the simulator predicts for this plan.
+        predicted_peak_memory: device -> bytes the simulator predicts.
+        candidates: algorithm -> predicted step time of every candidate the planner tried.
+        graph_fingerprint: ``OpGraph.fingerprint()`` of the graph planned for.
+        cluster: the cluster's name.
+        algorithm: which algorithm made the plan.
+        version: the kerasflow version that made it.
+
+    Example:
+        >>> from kerasflow.planner import Cluster, synthetic
+        >>> graph = synthetic.chain_mlp(layers=2)
+        >>> plan = Plan(placement={op.name: "/GPU:0" for op in graph.ops})
+        >>> plan.validate(graph, Cluster.preset("2xK80-pcie"))
+        >>> plan.devices()
+        ['/GPU:0']
+    """
+
+    placement: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    order: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
+    splits: Mapping[str, Sequence[Shard]] = dataclasses.field(default_factory=dict)
+    waves: Waves | None = None
+    data_parallel: DataParallel | None = None
+    batch_size: int | None = None
+    predicted_step_time: float | None = None
+    predicted_peak_memory: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    candidates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    graph_fingerprint: str = ""
+    cluster: str = ""
+    algorithm: str = ""
+    version: str = dataclasses.field(default_factory=_version)
+
+    def __post_init__(self):
+        for field in ("placement", "order", "splits", "predicted_peak_memory", "candidates"):
+            value = getattr(self, field)
+            if not isinstance(value, Mapping):
+                raise InvalidPlanError(f"Plan field {field!r} must be a mapping; received {value!r}.")
+        object.__setattr__(self, "placement", _Frozen(self.placement))
+        orders = {}
+        for device, names in self.order.items():
+            if isinstance(names, str) or not isinstance(names, Sequence):
+                raise InvalidPlanError(f"order[{device!r}] must be a list of task names; received {names!r}.")
+            orders[device] = tuple(names)
+        object.__setattr__(self, "order", _Frozen(orders))
+        splits = {}
+        for layer, shards in self.splits.items():
+            built = []
+            for shard in shards:
+                if isinstance(shard, Mapping):
+                    shard = Shard(shard.get("device"), shard.get("fraction"))
+                elif isinstance(shard, (list, tuple)) and len(shard) == 2:
+                    shard = Shard(*shard)
+                if not isinstance(shard, Shard):
+                    raise InvalidPlanError(f"splits[{layer!r}] holds {shard!r}; expected Shard(device, fraction).")
+                if isinstance(shard.fraction, bool) or not isinstance(shard.fraction, (int, float)) or not shard.fraction > 0:
+                    raise InvalidPlanError(
+                        f"splits[{layer!r}]: every shard needs a fraction > 0; received {shard.fraction!r}.")
+                built.append(Shard(shard.device, float(shard.fraction)))
+            if len(built) < 2:
+                raise InvalidPlanError(f"splits[{layer!r}] needs at least 2 shards; received {len(built)}.")
+            if not math.isclose(sum(s.fraction for s in built), 1.0, abs_tol=1e-6):
+                raise InvalidPlanError(
+                    f"splits[{layer!r}]: shard fractions must sum to 1; received "
+                    f"{[s.fraction for s in built]}.")
+            splits[layer] = tuple(built)
+        object.__setattr__(self, "splits", _Frozen(splits))
+        object.__setattr__(self, "predicted_peak_memory", _Frozen(self.predicted_peak_memory))
+        object.__setattr__(self, "candidates", _Frozen(self.candidates))
+        if self.data_parallel is not None and (self.placement or self.splits):
+            raise InvalidPlanError(
+                "A data-parallel plan runs the whole graph on every device: leave placement and "
+                "splits empty.")
+        if self.batch_size is not None and (
+            isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1
+        ):
+            raise InvalidPlanError(f"batch_size must be a positive integer; received {self.batch_size!r}.")
+
+    # ------------------------------------------------------------------ queries
+    def devices(self) -> list[str]:
+        """Devices the plan uses, in first-use order."""
+        if self.data_parallel is not None:
+            return list(self.data_parallel.devices)
+        used = dict.fromkeys(self.placement.values())
+        for shards in self.splits.values():
+            used.update(dict.fromkeys(s.device for s in shards))
+        if self.waves is not None:
+            for m in self.waves.stage_maps:
+                used.update(dict.fromkeys(m.values()))
+        return list(used)
+
+    def validate(self, graph, cluster) -> None:
+        """Checks the plan against ``graph`` and ``cluster``.
+
+        Checks every op is placed on a device of the cluster, colocation groups share a
+        device, split layers exist and can be split, and each device's order lists
+        exactly its tasks without contradicting a dependency.
+
+        Raises:
+            InvalidPlanError: the first problem found, naming the op, layer or device.
+        """
+        from kerasflow.planner.taskgraph import build_task_graph
+
+        build_task_graph(graph, cluster, self)
+
+    def with_predictions(self, **fields) -> "Plan":
+        """A copy with some fields replaced (``dataclasses.replace``)."""
+        return dataclasses.replace(self, **fields)
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict:
+        """The plan as JSON-ready data."""
+        waves = None
+        if self.waves is not None:
+            waves = {"count": self.waves.count, "offset": self.waves.offset,
+                     "stage_maps": [dict(m) for m in self.waves.stage_maps],
+                     "fractions": list(self.waves.fractions)}
+        dp = None
+        if self.data_parallel is not None:
+            dp = {"devices": list(self.data_parallel.devices), "allreduce": self.data_parallel.allreduce}
+        return {
+            "format_version": PLAN_FORMAT_VERSION,
+            "kind": _PLAN_KIND,
+            "placement": dict(self.placement),
+            "order": {d: list(names) for d, names in self.order.items()},
+            "splits": {layer: [dataclasses.asdict(s) for s in shards] for layer, shards in self.splits.items()},
+            "waves": waves,
+            "data_parallel": dp,
+            "batch_size": self.batch_size,
+            "predicted_step_time": self.predicted_step_time,
+            "predicted_peak_memory": dict(self.predicted_peak_memory),
+            "candidates": dict(self.candidates),
+            "graph_fingerprint": self.graph_fingerprint,
+            "cluster": self.cluster,
+            "algorithm": self.algorithm,
+            "version": self.version,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Plan":
+        """Builds a plan from ``to_dict`` data."""
+        _jsonio.check_header(data, _PLAN_KIND, PLAN_FORMAT_VERSION)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known - {"format_version", "kind"})
+        if unknown:
+            raise InvalidPlanError(f"unknown plan field(s) {unknown}; known fields are {sorted(known)}.")
+        fields = {k: v for k, v in data.items() if k in known}
+        try:
+            if fields.get("waves") is not None:
+                w = fields["waves"]
+                fields["waves"] = Waves(w.get("count", 2), w.get("offset", "forward"),
+                                        tuple(w.get("stage_maps") or ()), tuple(w.get("fractions") or ()))
+            if fields.get("data_parallel") is not None:
+                d = fields["data_parallel"]
+                fields["data_parallel"] = DataParallel(tuple(d.get("devices") or ()), d.get("allreduce", "ring"))
+            for key in ("placement", "order", "splits", "predicted_peak_memory", "candidates"):
+                if fields.get(key) is None:
+                    fields.pop(key, None)
+            return cls(**fields)
+        except KerasflowError:
+            raise
+        except (TypeError, AttributeError) as error:
+            raise InvalidPlanError(f"malformed plan data: {error}.") from None
+
+    def save(self, path) -> None:
+        """Writes the plan as JSON (same plan, byte-identical file)."""
+        _jsonio.save(self.to_dict(), path)
+
+    @classmethod
+    def load(cls, path) -> "Plan":
+        """Reads a plan written by ``save``; ``validate`` it against your graph and cluster."""
+        return _jsonio.load(path, cls.from_dict, what="plan")

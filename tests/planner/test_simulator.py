@@ -1,0 +1,325 @@
+"""Known-answer and invariant tests of the step simulator; every figure computed by hand."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kerasflow.planner import (
+    Cluster, DataParallel, InvalidPlanError, OpGraph, Plan, Shard, Waves, lower_bound, simulate,
+    synthetic,
+)
+from kerasflow.planner.taskgraph import build_task_graph
+from tests.planner.helpers import cluster, op
+
+
+def fork_join():
+    # a -> b, a -> c, (b, c) -> d; a sends 100 bytes, c sends 200 bytes.
+    ops = [op("a", 1.0, [100]), op("b", 2.0, [0]), op("c", 3.0, [200]), op("d", 1.0)]
+    edges = [("a", "b", 0), ("a", "c", 0), ("b", "d", 0), ("c", "d", 0)]
+    return OpGraph(ops, edges)
+
+
+def test_two_branches_on_two_devices_include_transfers():
+    # Link: 0.5 s latency, 100 B/s. a 0-1 on D0; a->c 1-2.5; b 1-3 on D0; c 2.5-5.5 on D1;
+    # c->d 5.5-8.0 (0.5 + 200/100); d 8-9.
+    c = cluster(2, latency=0.5, bandwidth=100.0)
+    plan = Plan(placement={"a": "/D:0", "b": "/D:0", "c": "/D:1", "d": "/D:0"})
+    result = simulate(fork_join(), c, plan)
+    times = result.times()
+    assert times["a"] == (0.0, 1.0)
+    assert times["b"] == (1.0, 3.0)
+    assert times["c"] == (2.5, 5.5)
+    assert times["d"] == (8.0, 9.0)
+    assert result.makespan == 9.0
+    assert result.link_bytes == {("/D:0", "/D:1"): 100.0, ("/D:1", "/D:0"): 200.0}
+    assert result.busy == {"/D:0": 4.0, "/D:1": 3.0}
+    assert result.utilization["/D:1"] == pytest.approx(3.0 / 9.0)
+
+
+def test_everything_on_one_device_takes_the_total_work():
+    graph = fork_join()
+    result = simulate(graph, cluster(2), Plan(placement={o.name: "/D:1" for o in graph.ops}))
+    assert result.makespan == 7.0 == graph.total_work("X")
+    assert result.transfers == []
+
+
+def test_a_chain_forced_across_devices_pays_each_hop():
+    # Each hop moves 50 bytes at 100 B/s: 0.5 s. a 0-1, b 1.5-2.5, c 3-4.
+    graph = OpGraph([op("a", 1.0, [50]), op("b", 1.0, [50]), op("c", 1.0)], [("a", "b", 0), ("b", "c", 0)])
+    plan = Plan(placement={"a": "/D:0", "b": "/D:1", "c": "/D:0"})
+    result = simulate(graph, cluster(2), plan)
+    assert result.times() == {"a": (0.0, 1.0), "b": (1.5, 2.5), "c": (3.0, 4.0)}
+
+
+def test_one_transfer_per_link_at_a_time_and_one_copy_per_destination():
+    # a's two outputs (100 B each, 1 s each) queue on the one link: b gets its at 2, c at 3.
+    two_outputs = OpGraph([op("a", 1.0, [100, 100]), op("b", 1.0), op("c", 1.0)],
+                          [("a", "b", 0), ("a", "c", 1)])
+    plan = Plan(placement={"a": "/D:0", "b": "/D:1", "c": "/D:1"})
+    result = simulate(two_outputs, cluster(2), plan)
+    assert result.times()["b"] == (2.0, 3.0)
+    assert result.times()["c"] == (3.0, 4.0)
+    assert result.link_bytes[("/D:0", "/D:1")] == 200.0
+    # Both read output 0: one transfer serves both consumers on D1.
+    shared = OpGraph(two_outputs.ops, [("a", "b", 0), ("a", "c", 0)])
+    result = simulate(shared, cluster(2), plan)
+    assert result.link_bytes[("/D:0", "/D:1")] == 100.0
+    assert result.makespan == 4.0
+
+
+def test_control_edges_move_no_bytes_but_pay_latency():
+    graph = OpGraph([op("a", 1.0), op("b", 1.0)], [("a", "b", None)])
+    result = simulate(graph, cluster(2, latency=0.25), Plan(placement={"a": "/D:0", "b": "/D:1"}))
+    assert result.times()["b"] == (1.25, 2.25)
+    assert result.link_bytes[("/D:0", "/D:1")] == 0.0
+
+
+def test_the_plans_order_is_followed():
+    graph = OpGraph([op("x", 1.0), op("y", 2.0)], [])
+    placement = {"x": "/D:0", "y": "/D:0"}
+    by_priority = simulate(graph, cluster(1), Plan(placement=placement))
+    assert by_priority.times() == {"x": (0.0, 1.0), "y": (1.0, 3.0)}
+    ordered = simulate(graph, cluster(1), Plan(placement=placement, order={"/D:0": ["y", "x"]}))
+    assert ordered.times() == {"y": (0.0, 2.0), "x": (2.0, 3.0)}
+    assert ordered.start_order() == {"/D:0": ["y", "x"]}
+
+
+def test_an_ordered_device_waits_for_its_next_task_even_if_another_is_ready():
+    # D0 must run b (waiting on a from D1, ready at 2) before c (ready at 0).
+    graph = OpGraph([op("a", 1.0, [100]), op("b", 1.0), op("c", 1.0)], [("a", "b", 0)])
+    plan = Plan(placement={"a": "/D:1", "b": "/D:0", "c": "/D:0"}, order={"/D:0": ["b", "c"]})
+    assert simulate(graph, cluster(2), plan).times()["c"] == (3.0, 4.0)
+
+
+def test_an_order_against_a_dependency_is_refused():
+    graph = OpGraph([op("a", 1.0, [1]), op("b", 1.0)], [("a", "b", 0)])
+    plan = Plan(placement={"a": "/D:0", "b": "/D:0"}, order={"/D:0": ["b", "a"]})
+    with pytest.raises(InvalidPlanError, match="'b' too early: it depends on 'a'"):
+        simulate(graph, cluster(1), plan)
+
+
+def test_an_order_deadlocking_through_another_device_is_refused():
+    # D0 runs b before a, but b needs c on D1, which needs a.
+    graph = OpGraph([op("a", 1.0, [1]), op("c", 1.0, [1]), op("b", 1.0)], [("a", "c", 0), ("c", "b", 0)])
+    plan = Plan(placement={"a": "/D:0", "b": "/D:0", "c": "/D:1"}, order={"/D:0": ["b", "a"]})
+    with pytest.raises(InvalidPlanError, match="too early"):
+        simulate(graph, cluster(2), plan)
+
+
+def test_memory_peak_counts_weights_outputs_and_temp():
+    # v owns 100 B of weights; a 0-1 makes 10 B (freed when b ends at 2); b 1-2 makes 20 B
+    # (freed when c ends at 3) with 5 B temp. During [1, 2): 100 + 10 + 20 + 5 = 135.
+    graph = OpGraph([op("v", 0.0, persistent_bytes=100), op("a", 1.0, [10]), op("b", 1.0, [20], temp_bytes=5),
+                     op("c", 1.0)], [("v", "a", None), ("a", "b", 0), ("b", "c", 0)])
+    result = simulate(graph, cluster(1), Plan(placement={o.name: "/D:0" for o in graph.ops}))
+    assert result.peak_memory == {"/D:0": 135.0}
+    times, level = result.memory_timeline["/D:0"]
+    assert dict(zip(times, level)) == {0.0: 110.0, 1.0: 135.0, 2.0: 120.0, 3.0: 100.0}
+
+
+def test_a_received_copy_lives_on_the_receiver_until_its_consumer_ends():
+    # a (D0, 0-1) sends 50 B (1.5-... at 100 B/s: 1-1.5) to b on D1 (1.5-3.5).
+    graph = OpGraph([op("a", 1.0, [50]), op("b", 2.0)], [("a", "b", 0)])
+    result = simulate(graph, cluster(2), Plan(placement={"a": "/D:0", "b": "/D:1"}))
+    assert result.peak_memory == {"/D:0": 50.0, "/D:1": 50.0}
+    times, level = result.memory_timeline["/D:1"]
+    assert dict(zip(times, level)) == {1.0: 50.0, 3.5: 0.0}
+    times, level = result.memory_timeline["/D:0"]
+    assert dict(zip(times, level)) == {0.0: 50.0, 1.5: 0.0}  # held until the send ends
+
+
+def split_graph():
+    # x feeds 4 B/sample; m (layer L) costs 1 s/sample and makes 4 B/sample; y consumes it.
+    return OpGraph([op("x", 0.0, [(0, 4)], phase="other"),
+                    op("m", (0.0, 1.0), [(0, 4)], layer="L", batch_axis=0),
+                    op("y", 0.0)], [("x", "m", 0), ("m", "y", 0)], batch_size=2)
+
+
+def test_a_split_layer_runs_as_shards_with_split_and_concat():
+    # Batch 2 over two shards of 1 sample: m@s0 0-1 on D0; D1 gets its 4 B slice in 0.1 s
+    # (40 B/s) and runs m@s1 0.1-1.1; its 4 B come back 1.1-1.2; concat, then y at 1.2.
+    c = cluster(2, bandwidth=40.0)
+    plan = Plan(placement={"x": "/D:0", "m": "/D:0", "y": "/D:0"},
+                splits={"L": [Shard("/D:0", 0.5), Shard("/D:1", 0.5)]})
+    result = simulate(split_graph(), c, plan)
+    times = result.times()
+    assert times["m@s0"] == pytest.approx((0.0, 1.0))
+    assert times["m@s1"] == pytest.approx((0.1, 1.1))
+    assert result.makespan == pytest.approx(1.2)
+    roles = dict(zip(result.task_names, result.task_role))
+    assert sorted(r for r in roles.values() if r != "op") == ["concat", "split"]
+    unsplit = simulate(split_graph(), c, Plan(placement={"x": "/D:0", "m": "/D:0", "y": "/D:0"}))
+    assert unsplit.makespan == 2.0
+
+
+def test_split_and_concat_copies_cost_device_memory_time():
+    # With 8 B/s local copies and no launch cost: the split reads 8 B and writes 8 B (2 s),
+    # the concat likewise (2 s).
+    c = cluster(2, bandwidth=40.0, memory_bandwidth=8.0)
+    plan = Plan(placement={"x": "/D:0", "m": "/D:0", "y": "/D:0"},
+                splits={"L": [Shard("/D:0", 0.5), Shard("/D:1", 0.5)]})
+    result = simulate(split_graph(), c, plan)
+    times = result.times()
+    assert times["x:0@split"] == (0.0, 2.0)
+    assert times["m@s0"] == (2.0, 3.0)
+    assert result.makespan == pytest.approx(3.2 + 2.0)
+
+
+def test_weights_are_copied_to_every_shard_and_gradients_summed():
+    # A weight read w (fixed 8 B) feeds the split layer's two shards; each shard's weight
+    # gradient (fixed 8 B) is summed on the update's device.
+    graph = OpGraph([
+        op("v", 0.0, [8], phase="other", persistent_bytes=24, colocation="v"),
+        op("w", 0.0, [8], colocation="v"),
+        op("x", 0.0, [(0, 4)], phase="other"),
+        op("m", (0.0, 1.0), [8], layer="L", batch_axis=0, phase="backward"),
+        op("u", 1.0, [], phase="update", colocation="v"),
+    ], [("v", "w", 0), ("w", "m", 0), ("x", "m", 0), ("m", "u", 0), ("v", "u", None)], batch_size=2)
+    c = cluster(2, bandwidth=8.0)
+    plan = Plan(placement={n: "/D:0" for n in "vwxmu"}, splits={"L": [Shard("/D:0", 0.5), Shard("/D:1", 0.5)]})
+    result = simulate(graph, c, plan)
+    times = result.times()
+    # D1: weights (1 s) then its 4 B slice (0.5 s) on the same link: m@s1 1.5-2.5; its
+    # gradient back 2.5-3.5; sum at 3.5; u 3.5-4.5.
+    assert times["m@s1"] == pytest.approx((1.5, 2.5))
+    assert times["u"] == pytest.approx((3.5, 4.5))
+    assert any(role == "sum" for role in result.task_role)
+    assert result.link_bytes == {("/D:0", "/D:1"): 12.0, ("/D:1", "/D:0"): 8.0}
+
+
+def test_waves_run_as_micro_batches_with_the_forward_offset():
+    # f (forward) and b (backward) cost 1 s/sample; batch 2 as two waves of 1 sample.
+    # Wave 1's forward waits for wave 0's forward: f@w0 0-1, f@w1 1-2, then the backward.
+    graph = OpGraph([op("f", (0.0, 1.0), [(0, 4)], batch_axis=0), op("b", (0.0, 1.0), [4], phase="backward", batch_axis=0),
+                     op("u", 1.0, [], phase="update")], [("f", "b", 0), ("b", "u", 0)], batch_size=2)
+    plan = Plan(placement={"f": "/D:0", "b": "/D:0", "u": "/D:0"}, waves=Waves(2))
+    result = simulate(graph, cluster(1), plan)
+    times = result.times()
+    assert times["f@w0"] == (0.0, 1.0)
+    assert times["f@w1"] == (1.0, 2.0)
+    assert {times["b@w0"], times["b@w1"]} == {(2.0, 3.0), (3.0, 4.0)}
+    assert times["u"] == (4.0, 5.0)
+    assert result.makespan == graph.total_work("X") == 5.0
+
+
+def test_tock_wave_runs_on_the_mapped_devices():
+    graph = OpGraph([op("f", (0.0, 1.0), [(0, 4)], batch_axis=0), op("g", (0.0, 1.0), [], batch_axis=0)],
+                    [("f", "g", 0)], batch_size=2)
+    swap = {"/D:0": "/D:1", "/D:1": "/D:0"}
+    plan = Plan(placement={"f": "/D:0", "g": "/D:1"}, waves=Waves(2, stage_maps=({}, swap)))
+    devices = simulate(graph, cluster(2), plan).device_of()
+    assert devices["f@w0"] == "/D:0" and devices["f@w1"] == "/D:1"
+    assert devices["g@w0"] == "/D:1" and devices["g@w1"] == "/D:0"
+
+
+def test_data_parallel_ring_allreduce_takes_its_formula():
+    # Per replica (batch 1): m 0-1, g 1-2; ring all-reduce of 400 B over 2 devices at
+    # 100 B/s: 2(D-1)(G/(D*bw)) = 2 * 1 * 2 = 4 s, 2-6; u 6-7 on each replica.
+    graph = OpGraph([
+        op("v", 0.0, [400], phase="other", persistent_bytes=400, colocation="v"),
+        op("r", 0.0, [400], colocation="v"),
+        op("m", (0.0, 1.0), [(0, 4)], batch_axis=0),
+        op("g", (0.0, 1.0), [400], phase="backward", batch_axis=0),
+        op("u", 1.0, [], phase="update", colocation="v"),
+    ], [("v", "r", 0), ("r", "m", 0), ("m", "g", 0), ("g", "u", 0), ("v", "u", None)], batch_size=2)
+    plan = Plan(data_parallel=DataParallel(("/D:0", "/D:1")))
+    result = simulate(graph, cluster(2), plan)
+    times = result.times()
+    assert times["g:0@allreduce"] == (2.0, 6.0)
+    assert times["u@r0"] == times["u@r1"] == (6.0, 7.0)
+    assert result.makespan == 7.0
+    # Weights are replicated: both devices hold v's 400 B.
+    assert all(peak >= 400 for peak in result.peak_memory.values())
+
+
+def test_chrome_trace_has_a_row_per_device_and_link():
+    c = cluster(2, latency=0.5)
+    plan = Plan(placement={"a": "/D:0", "b": "/D:0", "c": "/D:1", "d": "/D:0"})
+    trace = simulate(fork_join(), c, plan).to_chrome_trace()
+    json.dumps(trace)
+    rows = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert {"/D:0", "/D:1", "/D:0 -> /D:1", "/D:1 -> /D:0"} <= rows
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == 4 + 2 and all(e["dur"] >= 0 for e in spans)
+
+
+def test_the_simulator_is_deterministic():
+    graph = synthetic.random_layered(400, seed=3)
+    c = Cluster.preset("4xV100-pcie")
+    names = c.device_names
+    plan = Plan(placement={o.name: names[hash(o.colocation or o.name) % 4] for o in graph.ops})
+    first, second = simulate(graph, c, plan), simulate(graph, c, plan)
+    assert first.task_start == second.task_start and first.peak_memory == second.peak_memory
+
+
+# ---------------------------------------------------------------------- invariants
+
+@st.composite
+def random_cases(draw):
+    seed = draw(st.integers(0, 10_000))
+    graph = synthetic.random_layered(draw(st.integers(30, 160)), width=draw(st.integers(1, 4)), seed=seed,
+                                     kinds=["V100"], batch_size=draw(st.sampled_from([4, 16, 64])))
+    count = draw(st.integers(1, 4))
+    c = Cluster.preset("4xV100-pcie").subset([f"/GPU:{i}" for i in range(count)])
+    names = c.device_names
+    groups = {}
+    placement = {}
+    for o in graph.ops:
+        key = o.colocation or o.name
+        if key not in groups:
+            groups[key] = names[draw(st.integers(0, count - 1))]
+        placement[o.name] = groups[key]
+    mode = draw(st.sampled_from(["placement", "split", "waves", "dp"]))
+    if mode == "dp":
+        return graph, c, Plan(data_parallel=DataParallel(tuple(names)))
+    splits, waves = {}, None
+    if mode == "split" and count > 1:
+        layers = list(graph.layers())
+        for layer in draw(st.lists(st.sampled_from(layers), max_size=3, unique=True)):
+            splits[layer] = [Shard(names[0], 0.5), Shard(names[-1], 0.5)]
+    if mode == "waves":
+        waves = Waves(2, offset=draw(st.sampled_from(["forward", "none"])))
+    return graph, c, Plan(placement=placement, splits=splits, waves=waves)
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_cases())
+def test_invariants_hold_for_random_plans(case):
+    graph, c, plan = case
+    result = simulate(graph, c, plan)
+    tg = build_task_graph(graph, c, plan)
+    start, end = result.task_start, result.task_end
+    # Each task runs once, for its duration, after all its inputs have finished.
+    assert len(set(result.task_names)) == len(result.task_names)
+    for t in range(len(tg)):
+        assert end[t] == pytest.approx(start[t] + tg.duration[t])
+        for _, _, consumers in tg.outputs[t]:
+            for consumer in consumers:
+                assert start[consumer] >= end[t] - 1e-12
+    # One task at a time per device.
+    per_device = {}
+    for t, device in enumerate(result.task_device):
+        if device:
+            per_device.setdefault(device, []).append((start[t], end[t]))
+    for spans in per_device.values():
+        spans.sort()
+        for (_, e1), (s2, _) in zip(spans, spans[1:]):
+            assert s2 >= e1 - 1e-12
+    # No plan beats the lower bound; memory never goes negative.
+    assert result.makespan >= lower_bound(graph, c).seconds * (1 - 1e-9)
+    for times, level in result.memory_timeline.values():
+        assert min(level) >= 0.0
+    assert all(peak >= 0 for peak in result.peak_memory.values())
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(20, 200), st.integers(0, 1000), st.sampled_from([0.5, 1.0, 2.0]))
+def test_one_device_takes_total_work_over_speed(num_ops, seed, speed):
+    from kerasflow.planner import Device, Link
+
+    graph = synthetic.random_layered(num_ops, seed=seed, kinds=["V100"])
+    c = Cluster([Device("/GPU:0", "V100", 2**34, speed=speed)], Link(0, 1e9))
+    result = simulate(graph, c, Plan(placement={o.name: "/GPU:0" for o in graph.ops}))
+    assert result.makespan == pytest.approx(graph.total_work("V100") / speed, rel=1e-9)
