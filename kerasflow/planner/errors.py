@@ -9,6 +9,7 @@ __all__ = [
     "InvalidPlanError",
     "FileFormatError",
     "SimulationError",
+    "InsufficientMemoryError",
 ]
 
 
@@ -86,5 +87,14 @@ class SimulationError(KerasflowError):
 
     Example:
         >>> issubclass(SimulationError, ValueError)
+        True
+    """
+
+
+class InsufficientMemoryError(KerasflowError):
+    """No plan fits the devices' memory; the message says what was needed and the ways out.
+
+    Example:
+        >>> issubclass(InsufficientMemoryError, KerasflowError)
         True
     """

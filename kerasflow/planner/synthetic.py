@@ -57,7 +57,7 @@ class _StepBuilder:
         reads = []
         if params:
             var = self._op(f"{name}/kernel", "VarHandleOp", name, "other", Affine(0.0), Affine(0.0),
-                           [Affine(weight_bytes)], persistent=weight_bytes * _ADAM_COPIES,
+                           [], persistent=weight_bytes * _ADAM_COPIES,
                            colocation=f"{name}/kernel", batch_axis=None)
             read = self._op(f"{name}/ReadVariableOp", "ReadVariableOp", name, "forward", Affine(0.0),
                             Affine(weight_bytes), [Affine(weight_bytes)], colocation=f"{name}/kernel",

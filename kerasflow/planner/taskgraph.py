@@ -39,6 +39,8 @@ class TaskGraph:
         npreds: number of incoming edges per task.
         wave, replica, shard: copy indices per task (-1 when not a copy).
         priority: smaller runs first when a device picks among ready tasks.
+        size: what a task's duration scales with: the samples an op task processes, the
+            bytes a split/concat/sum reads and writes (0 for the rest).
         orders: per device, the task ids of its order, or None (priority mode).
         devices: the cluster's device names; ``ring_bytes``/``ring_seconds`` describe the
             all-reduce figures used.
@@ -60,6 +62,7 @@ class TaskGraph:
         self.replica: list[int] = []
         self.shard: list[int] = []
         self.priority: list[float] = []
+        self.size: list[float] = []
         self.orders: list[list[int] | None] = [None] * len(self.devices)
         # numpy tables the simulator's memory pass builds once; ``shared`` is the
         # per-graph cache they are stored in when the tasks are the graph's own ops.
@@ -75,7 +78,8 @@ class TaskGraph:
         return len(self.devices)
 
     def add(self, name, base, role, resource, duration, out_sizes, temp, persistent,
-            priority, wave=-1, replica=-1, shard=-1) -> int:
+            priority, wave=-1, replica=-1, shard=-1, size=0.0) -> int:
+        self.size.append(size)
         self.names.append(name)
         self.base.append(base)
         self.role.append(role)
@@ -251,7 +255,7 @@ class _Builder:
         graph, tg, batch = self.graph, self.tg, self.batch
         static = _static_tables(graph, batch)
         for field in ("names", "base", "role", "outputs", "out_sizes", "temp", "persistent",
-                      "npreds", "wave", "replica", "shard", "priority"):
+                      "npreds", "wave", "replica", "shard", "priority", "size"):
             setattr(tg, field, static[field])
         tg.shared = static
         tg.memory_tables = static["memory_tables"]
@@ -300,7 +304,7 @@ class _Builder:
                     t = tg.add(op.name + rsuffix, i, "op", home, self._duration(op, home, replica_batch),
                                tuple(b.at(replica_batch) for b in op.output_bytes),
                                op.temp_bytes.at(replica_batch), float(op.persistent_bytes),
-                               self.rank[i], replica=r if dp else -1)
+                               self.rank[i], replica=r if dp else -1, size=replica_batch)
                     single[r][i] = t
                     continue
                 shards = None if dp else self.shards_of_layer.get(op.layer)
@@ -318,7 +322,7 @@ class _Builder:
                         t = tg.add(name, i, "op", device, self._duration(op, device, b),
                                    tuple(x.at(b) for x in op.output_bytes), op.temp_bytes.at(b),
                                    0.0, self.rank[i], wave=w, replica=r if dp else -1,
-                                   shard=s if shards else -1)
+                                   shard=s if shards else -1, size=b)
                         tasks.append((t, b))
                     per_wave.append(tasks)
                 copies[r][i] = per_wave
@@ -387,7 +391,8 @@ class _Builder:
             sizes = tuple(out.at(db) for _, db in targets)
             splitter = tg.add(f"{tg.names[src]}:{k}@split", -1, "split", device,
                               self._copy_seconds(device, src_bytes, sum(sizes)), sizes, 0.0, 0.0,
-                              tg.priority[src], wave=tg.wave[targets[0][0]], replica=tg.replica[src])
+                              tg.priority[src], wave=tg.wave[targets[0][0]], replica=tg.replica[src],
+                              size=src_bytes + sum(sizes))
             self.splitters[key] = splitter
             self._edge(src, k, src_bytes, splitter)
         for j, (dst, _) in enumerate(targets):
@@ -416,7 +421,7 @@ class _Builder:
             name += f"@{tg.devices[resource]}"
             combine = tg.add(name, -1, role, resource,
                              self._copy_seconds(resource, sum(pieces), size), (size,), 0.0, 0.0,
-                             tg.priority[first] + 0.5, replica=tg.replica[first])
+                             tg.priority[first] + 0.5, replica=tg.replica[first], size=sum(pieces) + size)
             self.combines[key] = combine
             for (src, sb), piece in zip(sources, pieces):
                 self._edge(src, k, piece, combine)
@@ -582,6 +587,7 @@ def _static_tables(graph: OpGraph, batch: float) -> dict:
         "npreds": [len(p) for p in s.preds],
         "wave": minus, "replica": minus, "shard": minus,
         "priority": rank,
+        "size": [float(batch)] * n,
         "memory_tables": None,
     }
     graph._structure.cache[key] = table
