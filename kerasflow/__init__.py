@@ -19,6 +19,7 @@ from kerasflow._version import __version__
 from kerasflow.planner import (
     Cluster,
     FileFormatError,
+    InsufficientMemoryError,
     InvalidClusterError,
     InvalidGraphError,
     InvalidPlanError,
@@ -26,6 +27,7 @@ from kerasflow.planner import (
     OpGraph,
     Plan,
     SimulationError,
+    plan,
 )
 
 __all__ = [
@@ -37,12 +39,14 @@ __all__ = [
     "OpGraph",
     "Cluster",
     "Plan",
+    "plan",
     "KerasflowError",
     "InvalidGraphError",
     "InvalidClusterError",
     "InvalidPlanError",
     "FileFormatError",
     "SimulationError",
+    "InsufficientMemoryError",
 ]
 
 _LAZY_SUBPACKAGES = ("profiling", "strategies", "callbacks")

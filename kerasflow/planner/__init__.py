@@ -12,6 +12,8 @@ Example:
 """
 
 from kerasflow.planner import baselines, costmodel, hardware, synthetic
+from kerasflow.planner.cpop import cpop
+from kerasflow.planner.heft import heft
 from kerasflow.planner.baselines import (
     LowerBound,
     data_parallel,
@@ -24,6 +26,7 @@ from kerasflow.planner.errors import (
     FileFormatError,
     InvalidClusterError,
     InvalidGraphError,
+    InsufficientMemoryError,
     InvalidPlanError,
     KerasflowError,
     SimulationError,
@@ -32,13 +35,18 @@ from kerasflow.planner.graph import PHASES, Affine, Edge, Op, OpGraph
 from kerasflow.planner.plan import DataParallel, Plan, Shard, Waves
 from kerasflow.planner.simulator import SimulationResult, Transfer, simulate
 
+# Imported last: binds ``kerasflow.planner.plan`` to the function (the module stays
+# importable as ``kerasflow.planner.plan`` through sys.modules for ``Plan``).
+from kerasflow.planner.planning import plan  # noqa: E402
+
 __all__ = [
     "Affine", "Op", "Edge", "OpGraph", "PHASES",
     "Device", "Link", "Cluster",
     "Shard", "Waves", "DataParallel", "Plan",
     "simulate", "SimulationResult", "Transfer",
+    "plan", "heft", "cpop",
     "single_device", "data_parallel", "layerwise_model_parallel", "lower_bound", "LowerBound",
     "KerasflowError", "InvalidGraphError", "InvalidClusterError", "InvalidPlanError",
-    "FileFormatError", "SimulationError",
+    "FileFormatError", "SimulationError", "InsufficientMemoryError",
     "baselines", "costmodel", "hardware", "synthetic",
 ]

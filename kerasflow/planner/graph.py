@@ -523,13 +523,17 @@ class OpGraph:
         Two profiles of the same model at different speeds share a fingerprint, so a
         plan can be checked against the model it is applied to.
         """
+        cached = self._structure.cache.get("fingerprint")
+        if cached is not None:
+            return cached
         h = hashlib.sha256()
         for op in self._ops:
             h.update(json.dumps([op.name, op.type, op.layer, op.phase, op.colocation,
                                  op.batch_axis, len(op.output_bytes)]).encode())
         for edge in self._edges:
             h.update(json.dumps(list(edge)).encode())
-        return h.hexdigest()[:16]
+        self._structure.cache["fingerprint"] = h.hexdigest()[:16]
+        return self._structure.cache["fingerprint"]
 
     def with_ops(self, ops: Iterable[Op]) -> "OpGraph":
         """A new graph with the same edges and some ops replaced (matched by name)."""

@@ -21,7 +21,7 @@ placed; the group then joins that op's device, so weights sit where they are use
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from kerasflow.planner.cluster import Cluster
@@ -165,8 +165,10 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
     device = [-1] * n
     start = [0.0] * n
     finish = [0.0] * n
-    starts: list[list[float]] = [[] for _ in range(num_devices)]
-    ends: list[list[float]] = [[] for _ in range(num_devices)]
+    # Per device: its idle gaps (sorted; the last one is open-ended) and its tasks by start.
+    gap_starts: list[list[float]] = [[0.0] for _ in range(num_devices)]
+    gap_ends: list[list[float]] = [[float("inf")] for _ in range(num_devices)]
+    task_starts: list[list[float]] = [[] for _ in range(num_devices)]
     sequence: list[list[int]] = [[] for _ in range(num_devices)]
     live = [0.0] * num_devices
     out_total = [sum(sizes) for sizes in tg.out_sizes]
@@ -188,24 +190,27 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
         return begin + latency[dp][d] + nbytes * inverse[dp][d], True
 
     def slot(d: int, ready: float, duration: float) -> tuple[float, int]:
-        s, e = starts[d], ends[d]
-        q = bisect_right(e, ready)
-        begin = ready
-        size = len(s)
-        while q < size:
-            if begin + duration <= s[q]:
+        """The earliest start at or after ``ready`` in an idle gap of ``d``, and that gap."""
+        gs, ge = gap_starts[d], gap_ends[d]
+        q = bisect_left(ge, ready)
+        while True:
+            begin = gs[q] if gs[q] > ready else ready
+            if begin + duration <= ge[q]:
                 return begin, q
-            if e[q] > begin:
-                begin = e[q]
             q += 1
-        return begin, size
 
     def place(t: int, d: int, ready: float) -> None:
         duration = class_costs[device_class[d]][t]
         begin, q = slot(d, ready, duration)
-        starts[d].insert(q, begin)
-        ends[d].insert(q, begin + duration)
-        sequence[d].insert(q, t)
+        if duration > 0:
+            gs, ge = gap_starts[d], gap_ends[d]
+            low, high = gs[q], ge[q]
+            pieces = [(a, b) for a, b in ((low, begin), (begin + duration, high)) if b > a]
+            gs[q:q + 1] = [a for a, _ in pieces]
+            ge[q:q + 1] = [b for _, b in pieces]
+        position = bisect_right(task_starts[d], begin)
+        task_starts[d].insert(position, begin)
+        sequence[d].insert(position, t)
         device[t], start[t], finish[t] = d, begin, begin + duration
 
     def release(t: int) -> None:

@@ -326,8 +326,26 @@ def _result(tg: TaskGraph, start, end, transfers, memory: bool) -> SimulationRes
         link_bytes[pair] = link_bytes.get(pair, 0.0) + nbytes
         records.append(Transfer(tg.names[t], tg.outputs[t][entry][0], pair[0], pair[1], begin, arrival, nbytes))
     peak, timeline = ({d: 0.0 for d in names}, {}) if not memory else _memory(tg, start, end, transfers, makespan)
-    return SimulationResult(makespan, list(tg.names), start, end, task_device, busy, utilization,
-                            link_bytes, records, peak, timeline, list(tg.role), list(tg.wave))
+    task_names, roles, waves = list(tg.names), list(tg.role), list(tg.wave)
+    if tg.mirrors:
+        start, end = list(start), list(end)
+        home = tg.replica_home
+        first = names[home]
+        local = [t for t in range(n) if tg.resource[t] == home]
+        for r, d in enumerate(tg.mirrors, start=1):
+            mirror = names[d]
+            busy[mirror], utilization[mirror] = busy[first], utilization[first]
+            if memory:
+                peak[mirror], timeline[mirror] = peak[first], timeline[first]
+            for t in local:
+                task_names.append(tg.names[t].replace("@r0", f"@r{r}"))
+                start.append(start[t])
+                end.append(end[t])
+                task_device.append(mirror)
+                roles.append(tg.role[t])
+                waves.append(tg.wave[t])
+    return SimulationResult(makespan, task_names, start, end, task_device, busy, utilization,
+                            link_bytes, records, peak, timeline, roles, waves)
 
 
 def _memory_tables(tg: TaskGraph) -> dict:

@@ -68,6 +68,10 @@ class TaskGraph:
         # per-graph cache they are stored in when the tasks are the graph's own ops.
         self.memory_tables = None
         self.shared: dict | None = None
+        # Data parallelism over identical devices simulates replica 0 only; these are the
+        # other replicas' devices, whose figures mirror replica 0's.
+        self.mirrors: list[int] = []
+        self.replica_home = -1
 
     def __len__(self) -> int:
         return len(self.names)
@@ -287,6 +291,18 @@ class _Builder:
         dp = plan.data_parallel is not None
         replicas = self.replica_devices if dp else [None]
         replica_batch = self.batch / len(replicas)
+        if dp:
+            names = [self.cluster.device_names[d] for d in replicas]
+            self.ring_link = self.cluster.subset(names).slowest_link() if len(replicas) > 1 else None
+            self.ring_size = len(replicas)
+            classes = {(self.devices[d].kind, self.devices[d].speed, self.devices[d].memory_bandwidth,
+                        self.devices[d].launch_overhead) for d in replicas}
+            if len(classes) == 1 and len(replicas) > 1:
+                # Identical replicas run identical timelines: simulate the first one and
+                # mirror its figures onto the others (the ring still counts them all).
+                tg.mirrors = replicas[1:]
+                tg.replica_home = replicas[0]
+                replicas = replicas[:1]
         # Per replica: task of each non-batch op, and per batch op per wave a list of
         # (task, batch) per shard.
         single: list[dict[int, int]] = []
@@ -434,9 +450,7 @@ class _Builder:
         ar = self.allreduces.get((p, k))
         if ar is None:
             gradient = out.at(self.batch)
-            replicas = len(self.replica_devices)
-            names = [self.cluster.device_names[d] for d in self.replica_devices]
-            link = self.cluster.subset(names).slowest_link() if replicas > 1 else None
+            replicas, link = self.ring_size, self.ring_link
             seconds = 0.0 if link is None else 2 * (replicas - 1) * (
                 link.latency + gradient / (replicas * link.bandwidth))
             ar = tg.add(f"{self.graph.ops[p].name}:{k}@allreduce", -1, "allreduce", tg.ring, seconds,

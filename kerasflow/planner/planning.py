@@ -1,0 +1,127 @@
+"""``plan()``: run every candidate strategy, keep the fastest that fits in memory.
+
+Candidates: single device, data parallelism, layer-wise model parallelism, HEFT and CPOP (each with op and with layer
+affinity), and FastT's critical-path op splitting on top of the best list schedule. Each
+candidate is judged by the simulator; the winner's predicted step time is the
+simulator's figure for it, and it records every candidate's figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from kerasflow.planner import baselines
+from kerasflow.planner.cluster import Cluster
+from kerasflow.planner.cpop import cpop
+from kerasflow.planner.errors import InsufficientMemoryError, InvalidPlanError
+from kerasflow.planner.graph import OpGraph
+from kerasflow.planner.heft import heft
+from kerasflow.planner.listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
+from kerasflow.planner.plan import Plan
+from kerasflow.planner.splitting import split_search
+
+__all__ = ["plan", "CANDIDATES"]
+
+CANDIDATES = ("single_device", "data_parallel", "layerwise_model_parallel", "heft", "heft-layers", "cpop",
+              "cpop-layers")
+
+
+def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None, split: bool = True,
+         memory_limit: float | None = None, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+         max_split_evaluations: int = 48, candidates: tuple[str, ...] = CANDIDATES,
+         progress: Callable[[str], None] | None = None) -> Plan:
+    """Computes the fastest plan for one training step of ``graph`` on ``cluster``.
+
+    Args:
+        graph: the step (a profile, or a synthetic graph).
+        cluster: a ``Cluster``, a preset name or a cluster JSON path.
+        batch_size: the batch to plan for (default: the graph's).
+        split: also try FastT's critical-path op splitting.
+        memory_limit: a cap in bytes for every device's memory.
+        memory_headroom: the fraction of each device's memory left free (default 10 %).
+        max_split_evaluations: the split search's budget, in plans scheduled and simulated.
+        candidates: which base strategies to try (a subset of ``CANDIDATES``).
+        progress: called with a short message as each candidate is done.
+
+    Returns:
+        The best ``Plan``: ``predicted_step_time`` is the simulator's figure for it and
+        ``candidates`` maps every strategy tried to its predicted step time. The same
+        inputs give the same plan, byte for byte.
+
+    Raises:
+        InsufficientMemoryError: no strategy fits the devices' memory; the message says
+            how much was needed and what to do.
+        InvalidPlanError: an unknown candidate name.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> best = plan(synthetic.inception_like(blocks=2), "4xV100-nvlink", max_split_evaluations=4)
+        >>> best.predicted_step_time <= min(best.candidates.values()) + 1e-12
+        True
+    """
+    cluster = Cluster.resolve(cluster)
+    unknown = sorted(set(candidates) - set(CANDIDATES))
+    if unknown:
+        raise InvalidPlanError(f"Unknown candidate(s) {unknown}; choose from {list(CANDIDATES)}.")
+    batch = batch_size or graph.batch_size
+    budgets = memory_budgets(cluster, memory_limit, memory_headroom)
+    options = {"batch_size": batch, "memory_limit": memory_limit, "memory_headroom": memory_headroom}
+
+    def fits(candidate: Plan) -> bool:
+        peaks = candidate.predicted_peak_memory
+        return all(peaks.get(d, 0.0) <= b * (1 + 1e-9) for d, b in zip(cluster.device_names, budgets))
+
+    makers: dict[str, Callable[..., Plan]] = {
+        "single_device": lambda **_: baselines.single_device(graph, cluster, batch=batch),
+        "data_parallel": lambda **_: baselines.data_parallel(graph, cluster, batch=batch),
+        "layerwise_model_parallel": lambda **_: baselines.layerwise_model_parallel(graph, cluster, batch=batch),
+        "heft": lambda splits=None: heft(graph, cluster, splits=splits, **options),
+        "heft-layers": lambda splits=None: heft(graph, cluster, splits=splits, affinity="layer", **options),
+        "cpop": lambda splits=None: cpop(graph, cluster, splits=splits, **options),
+        "cpop-layers": lambda splits=None: cpop(graph, cluster, splits=splits, affinity="layer", **options),
+    }
+    if len(cluster) < 2:
+        candidates = tuple(c for c in candidates if c == "single_device") or ("single_device",)
+    results: dict[str, Plan] = {}
+    failures: list[str] = []
+    for name in candidates:
+        try:
+            candidate = makers[name]()
+        except InsufficientMemoryError as error:
+            failures.append(f"{name}: {error}")
+            continue
+        if fits(candidate):
+            results[name] = candidate
+        else:
+            failures.append(f"{name}: its simulated peak memory exceeds a device's budget")
+        if progress is not None:
+            progress(name)
+    schedulers = [n for n in results if n in ("heft", "heft-layers", "cpop", "cpop-layers")]
+    if split and schedulers and len(cluster) > 1:
+        base_name = min(schedulers, key=lambda n: (results[n].predicted_step_time, candidates.index(n)))
+
+        def schedule(splits):
+            candidate = makers[base_name](splits=splits)
+            if not fits(candidate):
+                raise InsufficientMemoryError("split plan exceeds a device's memory budget")
+            return candidate
+
+        best_split, _ = split_search(graph, cluster, results[base_name], schedule,
+                                     max_evaluations=max_split_evaluations)
+        if best_split.splits:
+            results[f"{base_name}+split"] = dataclasses.replace(best_split, algorithm=f"{base_name}+split")
+        if progress is not None:
+            progress(f"{base_name}+split")
+    if not results:
+        raise InsufficientMemoryError(
+            f"No strategy fits the memory of cluster {cluster.name!r} at batch {batch} "
+            f"(budgets {min(budgets) / 2**20:,.0f} MiB per device after {memory_headroom:.0%} headroom). "
+            "Ways out: more devices, a smaller batch, Tick-Tock waves, or a larger memory_limit. "
+            "Details: " + " | ".join(failures))
+    order = list(results)
+    best_name = min(order, key=lambda n: (results[n].predicted_step_time, order.index(n)))
+    best = results[best_name]
+    figures = {name: p.predicted_step_time for name, p in results.items()}
+    return dataclasses.replace(best, algorithm=best_name, candidates=figures)
+

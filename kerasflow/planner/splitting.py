@@ -1,0 +1,169 @@
+"""FastT's op splitting: split the batch of critical-path layers across devices while it pays.
+
+Each round takes the simulated schedule of the best plan so far, walks its critical path
+back from the last task to finish, and tries the splittable layers on it: all of them at
+once, then the most expensive ones alone; for k = 2..D shards (sizes proportional to device speed; the layer's own device
+plus the k-1 least busy ones), the whole graph is rescheduled and simulated with the
+split. The best split found in a round is kept if it lowers the predicted step time; the
+search stops when a round finds nothing better or the evaluation budget is spent.
+
+Everything a split costs is in the simulation: the split and concat copies, the shards'
+transfers, the weights sent to every shard and the gradient sums sent back; the affine
+cost model charges every shard its fixed (per-kernel) cost, so tiny shards do not pay.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping, Sequence
+
+from kerasflow.planner.cluster import Cluster
+from kerasflow.planner.errors import InsufficientMemoryError
+from kerasflow.planner.graph import OpGraph
+from kerasflow.planner.plan import Plan, Shard
+from kerasflow.planner.ranks import predecessors
+from kerasflow.planner.simulator import SimulationResult, run_task_graph
+from kerasflow.planner.taskgraph import TaskGraph, batch_ops, build_task_graph
+
+__all__ = ["splittable_layers", "critical_tasks", "split_search", "balanced_shards"]
+
+Scheduler = Callable[[Mapping[str, Sequence[Shard]]], Plan]
+
+
+def splittable_layers(graph: OpGraph) -> set[str]:
+    """Layers whose batch ops can all be split along the batch (and that have some)."""
+    is_batch = batch_ops(graph)
+    ok: dict[str, bool] = {}
+    for i, op in enumerate(graph.ops):
+        if op.layer is None or not is_batch[i]:
+            continue
+        ok[op.layer] = ok.get(op.layer, True) and op.splittable
+    return {layer for layer, fine in ok.items() if fine}
+
+
+def critical_tasks(tg: TaskGraph, result: SimulationResult, cluster: Cluster) -> list[int]:
+    """The chain of tasks that set the makespan, last first.
+
+    From the task that ends last, step to whichever released it latest: an input (its
+    end, plus the transfer when it came from another device) or the task before it on
+    its device.
+    """
+    n = len(tg)
+    if n == 0:
+        return []
+    start, end = result.task_start, result.task_end
+    preds = predecessors(tg)
+    previous = [-1] * n
+    for device in range(len(tg.devices) + 1):
+        tasks = sorted((t for t in range(n) if tg.resource[t] == device), key=lambda t: (start[t], t))
+        for a, b in zip(tasks, tasks[1:]):
+            previous[b] = a
+    latency, inverse = cluster.latency_matrix, cluster.inverse_bandwidth_matrix
+    num_devices = len(tg.devices)
+    t = max(range(n), key=lambda x: (end[x], -x))
+    path = [t]
+    seen = {t}
+    while True:
+        best, best_release = -1, -math.inf
+        for p, nbytes in preds[t]:
+            release = end[p]
+            a, b = tg.resource[p], tg.resource[t]
+            if a != b and 0 <= a < num_devices and 0 <= b < num_devices:
+                release += latency[a][b] + nbytes * inverse[a][b]
+            if release > best_release:
+                best, best_release = p, release
+        q = previous[t]
+        if q >= 0 and end[q] > best_release:
+            best, best_release = q, end[q]
+        if best < 0 or best in seen or best_release <= 0.0:
+            return path
+        path.append(best)
+        seen.add(best)
+        t = best
+
+
+def balanced_shards(cluster: Cluster, devices: Sequence[str]) -> tuple[Shard, ...]:
+    """Shards over ``devices`` with batch fractions proportional to their speed.
+
+    Example:
+        >>> from kerasflow.planner import Cluster
+        >>> balanced_shards(Cluster.preset("4xV100-pcie"), ["/GPU:0", "/GPU:1"])
+        (Shard(device='/GPU:0', fraction=0.5), Shard(device='/GPU:1', fraction=0.5))
+    """
+    speeds = [cluster.device(d).speed for d in devices]
+    total = math.fsum(speeds)
+    fractions = [s / total for s in speeds]
+    fractions[-1] = 1.0 - math.fsum(fractions[:-1])
+    return tuple(Shard(d, f) for d, f in zip(devices, fractions))
+
+
+def split_search(graph: OpGraph, cluster: Cluster, base: Plan, schedule: Scheduler, *,
+                 max_evaluations: int = 48, layers_per_round: int = 2,
+                 progress: Callable[[int], None] | None = None) -> tuple[Plan, int]:
+    """Greedy critical-path splitting starting from ``base`` (see the module docstring).
+
+    Args:
+        graph: the step.
+        cluster: the devices.
+        base: the best plan without (further) splits, simulated.
+        schedule: makes a simulated plan for a given set of splits (HEFT or CPOP).
+        max_evaluations: the most plans to schedule and simulate.
+        layers_per_round: how many critical-path layers to try per round.
+        progress: called with the number of evaluations after each one.
+
+    Returns:
+        ``(best plan, evaluations used)``; the best plan is ``base`` when no split pays.
+    """
+    candidates = splittable_layers(graph)
+    layer_ops = graph.layers()
+    best = base
+    evaluations = 0
+    if len(cluster) < 2 or not candidates:
+        return best, evaluations
+    batch = base.batch_size or graph.batch_size
+    names = cluster.device_names
+    while evaluations < max_evaluations:
+        tg = build_task_graph(graph, cluster, best, batch)
+        result = run_task_graph(tg, cluster, memory=False)
+        on_path: dict[str, float] = {}
+        for t in critical_tasks(tg, result, cluster):
+            if tg.role[t] != "op" or tg.shard[t] >= 0:
+                continue
+            layer = graph.ops[tg.base[t]].layer
+            if layer in candidates and layer not in best.splits:
+                on_path[layer] = on_path.get(layer, 0.0) + tg.duration[t]
+        if not on_path:
+            break
+        busy = result.busy
+
+        def shards(layer: str, k: int) -> tuple[Shard, ...]:
+            home = best.placement[layer_ops[layer][0]]
+            others = sorted((d for d in names if d != home), key=lambda d: (busy[d], names.index(d)))
+            return balanced_shards(cluster, [home] + others[:k - 1])
+
+        # Moves of this round: every critical-path layer at once (a step towards data
+        # parallelism where that pays), then the most expensive layers one by one.
+        ranked = sorted(on_path, key=lambda l: (-on_path[l], l))
+        moves = [ranked] if len(ranked) > 1 else []
+        moves += [[layer] for layer in ranked[:layers_per_round]]
+        round_best = best
+        for layers in moves:
+            for k in range(2, len(names) + 1):
+                if evaluations >= max_evaluations:
+                    break
+                splits = dict(best.splits)
+                splits.update({layer: shards(layer, k) for layer in layers})
+                evaluations += 1
+                try:
+                    plan = schedule(splits)
+                except InsufficientMemoryError:
+                    continue
+                finally:
+                    if progress is not None:
+                        progress(evaluations)
+                if plan.predicted_step_time < round_best.predicted_step_time * (1 - 1e-9):
+                    round_best = plan
+        if round_best is best:
+            break
+        best = round_best
+    return best, evaluations
