@@ -14,15 +14,12 @@ which is what the planner sees when it simulates many plans of one graph.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from _common import format_table, machine
 
-from kerasflow.cli import format_table  # noqa: E402
-from kerasflow.planner import Cluster, baselines, simulate, synthetic  # noqa: E402
+from kerasflow.planner import Cluster, baselines, simulate, synthetic
 
 
 def measure(num_ops: int, repeats: int, cluster: Cluster) -> list[str]:
@@ -54,7 +51,7 @@ def main() -> None:
     cluster = Cluster.preset("8xV100-nvlink")
     rows = [measure(n, args.repeats, cluster) for n in args.sizes]
     print(f"Simulator speed: layer-wise model-parallel plan on {cluster.name}, memory tracked "
-          f"(median of {args.repeats} warm runs; Python {sys.version.split()[0]}, {os.cpu_count()} CPUs)")
+          f"(median of {args.repeats} warm runs; {machine()})")
     print(format_table(["ops", "edges", "transfers", "cold (s)", "warm (s)", "warm, no memory (s)",
                         "ops/s (warm)"], rows))
 

@@ -10,6 +10,7 @@ import sys
 from typing import Sequence
 
 from kerasflow.planner import Cluster, KerasflowError, OpGraph, Plan, baselines, simulate, synthetic
+from kerasflow.planner.planning import candidate_plans
 from kerasflow.planner.hardware import DEVICE_SPECS
 
 __all__ = ["main", "comparison_rows", "format_table"]
@@ -46,23 +47,40 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(headers), rule] + [line(r) for r in rows])
 
 
-def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None) -> list[dict]:
-    """Predicted figures of every baseline strategy, and the lower bound.
+_LABELS = {
+    "single_device": "single device",
+    "data_parallel": "data-parallel",
+    "layerwise_model_parallel": "layer-wise model-parallel",
+    "heft": "HEFT", "heft-layers": "HEFT (layer affinity)",
+    "cpop": "CPOP", "cpop-layers": "CPOP (layer affinity)",
+}
+
+
+def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None, *, split: bool = True,
+                    memory_limit: float | None = None) -> list[dict]:
+    """Predicted figures of every strategy kerasflow tries, its plan, and the lower bound.
 
     Returns:
         One dict per strategy: ``name``, ``step_time`` (s), ``peak_memory`` (bytes on the
-        fullest device), ``plan`` (None for the bound).
+        fullest device; None for the bound), ``plan`` (None for the bound). The row named
+        ``"kerasflow plan"`` is the one ``kerasflow.plan`` returns.
     """
     batch = batch or graph.batch_size
+    plans, misfits = candidate_plans(graph, cluster, batch_size=batch, split=split, memory_limit=memory_limit)
     rows = []
-    makers = [("single device", baselines.single_device), ("data-parallel", baselines.data_parallel),
-              ("layer-wise model-parallel", baselines.layerwise_model_parallel)]
-    for name, make in makers:
-        plan = make(graph, cluster, batch=batch)
-        rows.append({"name": name, "step_time": plan.predicted_step_time,
-                     "peak_memory": max(plan.predicted_peak_memory.values()), "plan": plan})
+    for name, candidate in plans.items():
+        base, _, split_part = name.partition("+")
+        label = _LABELS.get(base, base) + (" + op splitting" if split_part else "")
+        rows.append({"name": label, "step_time": candidate.predicted_step_time,
+                     "peak_memory": max(candidate.predicted_peak_memory.values()), "plan": candidate})
+    best = min(rows, key=lambda r: r["step_time"])
+    rows.append({**best, "name": f"kerasflow plan ({best['name']})"})
     bound = baselines.lower_bound(graph, cluster, batch)
     rows.append({"name": "lower bound", "step_time": bound.seconds, "peak_memory": None, "plan": None})
+    for line in misfits:
+        name = line.split(":")[0]
+        rows.append({"name": _LABELS.get(name, name), "step_time": None, "peak_memory": None, "plan": None,
+                     "fits": False})
     return rows
 
 
@@ -71,20 +89,23 @@ def _compare(args) -> int:
     cluster = Cluster.resolve(args.cluster)
     batch = args.batch_size or graph.batch_size
     rows = comparison_rows(graph, cluster, batch)
-    single = rows[0]["step_time"]
+    single = next((r["step_time"] for r in rows if r["name"] == "single device"), None)
     table = []
     for row in rows:
-        memory = row["peak_memory"]
-        fits = "" if memory is None else ("yes" if memory <= min(d.memory for d in cluster.devices) else "NO")
-        table.append([row["name"], f"{row['step_time'] * 1e3:.3f}", f"{single / row['step_time']:.2f}x",
-                      f"{batch / row['step_time']:.1f}", "" if memory is None else _bytes(memory), fits])
+        time, memory = row["step_time"], row["peak_memory"]
+        if time is None:
+            table.append([row["name"], "", "", "", "", "NO" if row.get("fits") is False else ""])
+            continue
+        speedup = f"{single / time:.2f}x" if single else ""
+        table.append([row["name"], f"{time * 1e3:.3f}", speedup, f"{batch / time:,.1f}",
+                      "" if memory is None else _bytes(memory), "" if memory is None else "yes"])
     print(f"Graph {graph.name or args.profile!r}: {len(graph)} ops, {len(graph.edges)} edges, batch {batch}; "
           f"cluster {cluster.name!r}: {len(cluster)} x {'/'.join(cluster.kinds())}")
     print(format_table(["strategy", "step (ms)", "speedup", "samples/s", "peak memory", "fits"], table))
     if args.trace:
-        best = min((r for r in rows if r["plan"] is not None), key=lambda r: r["step_time"])
+        best = next(r for r in rows if r["name"].startswith("kerasflow plan"))
         simulate(graph, cluster, best["plan"], batch=batch).save_chrome_trace(args.trace)
-        print(f"Timeline of the best strategy ({best['name']}) written to {args.trace}.")
+        print(f"Timeline of the kerasflow plan written to {args.trace}.")
     return 0
 
 

@@ -21,44 +21,27 @@ from kerasflow.planner.listschedule import DEFAULT_MEMORY_HEADROOM, memory_budge
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.splitting import split_search
 
-__all__ = ["plan", "CANDIDATES"]
+__all__ = ["plan", "candidate_plans", "CANDIDATES"]
 
 CANDIDATES = ("single_device", "data_parallel", "layerwise_model_parallel", "heft", "heft-layers", "cpop",
               "cpop-layers")
 
 
-def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None, split: bool = True,
-         memory_limit: float | None = None, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
-         max_split_evaluations: int = 48, candidates: tuple[str, ...] = CANDIDATES,
-         progress: Callable[[str], None] | None = None) -> Plan:
-    """Computes the fastest plan for one training step of ``graph`` on ``cluster``.
-
-    Args:
-        graph: the step (a profile, or a synthetic graph).
-        cluster: a ``Cluster``, a preset name or a cluster JSON path.
-        batch_size: the batch to plan for (default: the graph's).
-        split: also try FastT's critical-path op splitting.
-        memory_limit: a cap in bytes for every device's memory.
-        memory_headroom: the fraction of each device's memory left free (default 10 %).
-        max_split_evaluations: the split search's budget, in plans scheduled and simulated.
-        candidates: which base strategies to try (a subset of ``CANDIDATES``).
-        progress: called with a short message as each candidate is done.
+def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None,
+                    split: bool = True, memory_limit: float | None = None,
+                    memory_headroom: float = DEFAULT_MEMORY_HEADROOM, max_split_evaluations: int = 48,
+                    candidates: tuple[str, ...] = CANDIDATES,
+                    progress: Callable[[str], None] | None = None) -> tuple[dict[str, Plan], list[str]]:
+    """Every candidate plan that fits in memory, simulated (arguments as for ``plan``).
 
     Returns:
-        The best ``Plan``: ``predicted_step_time`` is the simulator's figure for it and
-        ``candidates`` maps every strategy tried to its predicted step time. The same
-        inputs give the same plan, byte for byte.
-
-    Raises:
-        InsufficientMemoryError: no strategy fits the devices' memory; the message says
-            how much was needed and what to do.
-        InvalidPlanError: an unknown candidate name.
+        ``(plans by candidate name in trial order, one line per candidate that did not fit)``.
 
     Example:
         >>> from kerasflow.planner import synthetic
-        >>> best = plan(synthetic.inception_like(blocks=2), "4xV100-nvlink", max_split_evaluations=4)
-        >>> best.predicted_step_time <= min(best.candidates.values()) + 1e-12
-        True
+        >>> plans, misfits = candidate_plans(synthetic.chain_mlp(layers=2), "2xK80-pcie", split=False)
+        >>> sorted(plans)[:2], misfits
+        (['cpop', 'cpop-layers'], [])
     """
     cluster = Cluster.resolve(cluster)
     unknown = sorted(set(candidates) - set(CANDIDATES))
@@ -82,19 +65,20 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
         "cpop-layers": lambda splits=None: cpop(graph, cluster, splits=splits, affinity="layer", **options),
     }
     if len(cluster) < 2:
-        candidates = tuple(c for c in candidates if c == "single_device") or ("single_device",)
+        candidates = ("single_device",)
     results: dict[str, Plan] = {}
-    failures: list[str] = []
+    misfits: list[str] = []
     for name in candidates:
         try:
             candidate = makers[name]()
         except InsufficientMemoryError as error:
-            failures.append(f"{name}: {error}")
+            misfits.append(f"{name}: {error}")
             continue
         if fits(candidate):
             results[name] = candidate
         else:
-            failures.append(f"{name}: its simulated peak memory exceeds a device's budget")
+            peak = max(candidate.predicted_peak_memory.values())
+            misfits.append(f"{name}: simulated peak {peak / 2**20:,.1f} MiB exceeds the budget")
         if progress is not None:
             progress(name)
     schedulers = [n for n in results if n in ("heft", "heft-layers", "cpop", "cpop-layers")]
@@ -110,7 +94,8 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
         best_split, _ = split_search(graph, cluster, results[base_name], schedule,
                                      max_evaluations=max_split_evaluations)
         if best_split.splits:
-            results[f"{base_name}+split"] = dataclasses.replace(best_split, algorithm=f"{base_name}+split")
+            name = f"{base_name}+split"
+            results[name] = dataclasses.replace(best_split, algorithm=name)
         if progress is not None:
             progress(f"{base_name}+split")
     if not results:
@@ -118,10 +103,47 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
             f"No strategy fits the memory of cluster {cluster.name!r} at batch {batch} "
             f"(budgets {min(budgets) / 2**20:,.0f} MiB per device after {memory_headroom:.0%} headroom). "
             "Ways out: more devices, a smaller batch, Tick-Tock waves, or a larger memory_limit. "
-            "Details: " + " | ".join(failures))
+            "Details: " + " | ".join(misfits))
+    return results, misfits
+
+
+def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None, split: bool = True,
+         memory_limit: float | None = None, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+         max_split_evaluations: int = 48, candidates: tuple[str, ...] = CANDIDATES,
+         progress: Callable[[str], None] | None = None) -> Plan:
+    """Computes the fastest plan for one training step of ``graph`` on ``cluster``.
+
+    Args:
+        graph: the step (a profile, or a synthetic graph).
+        cluster: a ``Cluster``, a preset name or a cluster JSON path.
+        batch_size: the batch to plan for (default: the graph's).
+        split: also try FastT's critical-path op splitting.
+        memory_limit: a cap in bytes for every device's memory.
+        memory_headroom: the fraction of each device's memory left free (default 10 %).
+        max_split_evaluations: the split search's budget, in plans scheduled and simulated.
+        candidates: which base strategies to try (a subset of ``CANDIDATES``).
+        progress: called with each candidate's name when it is done.
+
+    Returns:
+        The best ``Plan``: ``predicted_step_time`` is the simulator's figure for it and
+        ``candidates`` maps every strategy that fits to its predicted step time. The same
+        inputs give the same plan, byte for byte.
+
+    Raises:
+        InsufficientMemoryError: no strategy fits the devices' memory; the message says
+            how much was needed and what to do.
+        InvalidPlanError: an unknown candidate name.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> best = plan(synthetic.inception_like(blocks=2), "4xV100-nvlink", max_split_evaluations=4)
+        >>> best.predicted_step_time <= min(best.candidates.values()) + 1e-12
+        True
+    """
+    results, _ = candidate_plans(graph, cluster, batch_size=batch_size, split=split, memory_limit=memory_limit,
+                                 memory_headroom=memory_headroom, max_split_evaluations=max_split_evaluations,
+                                 candidates=candidates, progress=progress)
     order = list(results)
     best_name = min(order, key=lambda n: (results[n].predicted_step_time, order.index(n)))
-    best = results[best_name]
     figures = {name: p.predicted_step_time for name, p in results.items()}
-    return dataclasses.replace(best, algorithm=best_name, candidates=figures)
-
+    return dataclasses.replace(results[best_name], algorithm=best_name, candidates=figures)

@@ -1,0 +1,131 @@
+"""Hand-computed tests of HEFT and CPOP: placement, order, memory limits, colocation."""
+
+import pytest
+
+from kerasflow.planner import (
+    Cluster, Device, InsufficientMemoryError, Link, OpGraph, Plan, cpop, heft, simulate, synthetic,
+)
+from kerasflow.planner.listschedule import list_schedule, memory_budgets, scheduling_tasks
+from tests.planner.helpers import cluster, op
+
+
+def fork_join():
+    # a (1 s) sends 10 B to b and c (4 s each), which join in d (1 s).
+    return OpGraph([op("a", 1.0, [10]), op("b", 4.0, [10]), op("c", 4.0, [10]), op("d", 1.0)],
+                   [("a", "b", 0), ("a", "c", 0), ("b", "d", 0), ("c", "d", 0)])
+
+
+@pytest.mark.parametrize("scheduler", [heft, cpop])
+def test_branches_spread_over_fast_links(scheduler):
+    # 10 B at 1 GB/s is ~1e-8 s: b and c run side by side, about 6 s instead of 10.
+    plan = scheduler(fork_join(), cluster(2, bandwidth=1e9))
+    assert plan.placement["b"] != plan.placement["c"]
+    assert plan.predicted_step_time == pytest.approx(6.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("scheduler", [heft, cpop])
+def test_branches_stay_together_over_slow_links(scheduler):
+    # 10 B at 1 B/s is 10 s: moving a branch costs more than it saves; all on one device.
+    plan = scheduler(fork_join(), cluster(2, bandwidth=1.0))
+    assert len(set(plan.placement.values())) == 1
+    assert plan.predicted_step_time == 10.0
+
+
+def test_cpop_puts_the_critical_path_on_the_fastest_device():
+    c = Cluster([Device("/D:0", "X", 10**9, speed=1.0), Device("/D:1", "X", 10**9, speed=2.0)],
+                Link(0.0, 1e9))
+    plan = cpop(fork_join(), c)
+    # The path a-b-d (b first on ties) goes to /D:1, which runs it twice as fast.
+    assert plan.placement["a"] == plan.placement["b"] == plan.placement["d"] == "/D:1"
+
+
+def test_insertion_fills_an_idle_gap():
+    graph = OpGraph([op("long", 3.0, [1]), op("after", 1.0), op("side", 0.5)], [("long", "after", 0)])
+    tg, _ = scheduling_tasks(graph, cluster(1), None, 1)
+    # One device, priorities long > after > side: back to back, 0-3, 3-4, 4-4.5.
+    schedule = list_schedule(tg, graph, cluster(1), [3.0, 2.0, 1.0])
+    assert schedule.start == [0.0, 3.0, 4.0]
+    # 'long' pinned to /D:1: its 1 B reaches /D:0 at 3 + 2 s latency + 0.01 s = 5.01, so
+    # /D:0 idles until then; 'side', scheduled last, takes that gap instead of the end.
+    schedule = list_schedule(tg, graph, cluster(2, latency=2.0), [3.0, 2.0, 1.0], fixed=[1, 0, 0])
+    assert schedule.start[1] == pytest.approx(5.01)
+    assert schedule.start[2] == 0.0
+    assert schedule.sequence[0] == [2, 1]
+
+
+def test_order_respects_dependencies_and_is_the_start_order():
+    graph = synthetic.inception_like(blocks=2)
+    c = Cluster.preset("4xV100-nvlink")
+    for make in (heft, cpop):
+        plan = make(graph, c)
+        plan.validate(graph, c)  # raises if an order contradicts a dependency
+        result = simulate(graph, c, plan)
+        assert result.start_order() == {d: list(o) for d, o in plan.order.items()}
+        assert plan.predicted_step_time == result.makespan
+
+
+def test_colocation_groups_share_a_device():
+    graph = synthetic.transformer_like(blocks=2)
+    for make in (heft, cpop):
+        plan = make(graph, Cluster.preset("8xH100-nvlink"))
+        groups = {}
+        for o in graph.ops:
+            if o.colocation:
+                groups.setdefault(o.colocation, set()).add(plan.placement[o.name])
+        assert groups and all(len(devices) == 1 for devices in groups.values())
+
+
+def test_weights_sit_where_they_are_used():
+    # A variable and its read wait until the op using them is placed, then join it.
+    graph = synthetic.chain_mlp(layers=3)
+    plan = heft(graph, Cluster.preset("4xV100-nvlink"))
+    for i in range(3):
+        assert plan.placement[f"dense_{i}/kernel"] == plan.placement[f"dense_{i}/MatMul"]
+
+
+def weighty_chain(layers=4, weights=400):
+    ops, edges = [], []
+    for i in range(layers):
+        ops += [op(f"v{i}", 0.0, [], phase="other", persistent_bytes=weights, colocation=f"v{i}"),
+                op(f"r{i}", 0.0, [40], colocation=f"v{i}"),
+                op(f"m{i}", 1.0, [10], layer=f"L{i}")]
+        edges += [(f"v{i}", f"r{i}", None), (f"r{i}", f"m{i}", 0)]
+        if i:
+            edges.append((f"m{i - 1}", f"m{i}", 0))
+    return OpGraph(ops, edges)
+
+
+def test_a_graph_too_big_for_one_device_is_spread_within_budget():
+    # Four 400 B variables; each device has 1000 B, 900 B after the 10 % headroom: one
+    # device cannot hold all four (1600 B), two can.
+    graph = weighty_chain()
+    c = cluster(2, memory=1000, bandwidth=1e6)
+    budget = memory_budgets(c)[0]
+    assert budget == 900.0
+    for make in (heft, cpop):
+        plan = make(graph, c)
+        assert len(set(plan.placement.values())) == 2
+        peaks = simulate(graph, c, plan).peak_memory
+        assert all(peak <= budget for peak in peaks.values()), peaks
+
+
+def test_an_op_that_fits_nowhere_raises_with_the_ways_out():
+    graph = weighty_chain(layers=1, weights=5000)
+    with pytest.raises(InsufficientMemoryError, match=r"No device can hold op '(v0|r0|m0)'.*Ways out: more devices"):
+        heft(graph, cluster(2, memory=1000))
+
+
+def test_memory_limit_caps_every_device():
+    assert memory_budgets(cluster(2, memory=1000), memory_limit=500, headroom=0.0) == [500, 500]
+    with pytest.raises(InsufficientMemoryError, match="headroom"):
+        memory_budgets(cluster(1), headroom=1.5)
+
+
+def test_plans_are_valid_for_every_family():
+    for family in sorted(synthetic.FAMILIES):
+        graph = synthetic.build(family)
+        c = Cluster.preset("4xV100-pcie")
+        for make in (heft, cpop):
+            plan = make(graph, c, affinity="layer")
+            plan.validate(graph, c)
+            assert set(plan.placement) == {o.name for o in graph.ops}

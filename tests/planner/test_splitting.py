@@ -1,0 +1,143 @@
+"""Tests of FastT's critical-path op splitting and of plan(), with hand-computed answers."""
+
+import json
+
+import pytest
+
+from kerasflow.planner import (
+    Cluster, Device, InsufficientMemoryError, InvalidPlanError, Link, OpGraph, Plan, baselines, heft, plan,
+    simulate, synthetic,
+)
+from kerasflow.planner.splitting import balanced_shards, critical_tasks, splittable_layers, split_search
+from kerasflow.planner.taskgraph import build_task_graph
+from kerasflow.planner.simulator import run_task_graph
+from tests.planner.helpers import op
+
+
+def big_layer_graph():
+    # x feeds 4 B per sample to layer L (1 s per sample, batch 8); y consumes L's output.
+    return OpGraph([op("x", 0.0, [(0, 4)], phase="other"),
+                    op("m", (0.0, 1.0), [(0, 4)], layer="L", batch_axis=0),
+                    op("y", 0.0)], [("x", "m", 0), ("m", "y", 0)], batch_size=8)
+
+
+def two_fast_two_slow():
+    # /D:0 and /D:1 share a fast link; every link to or from /D:2 and /D:3 is very slow.
+    devices = [Device(f"/D:{i}", "X", 10**9, memory_bandwidth=1e30, launch_overhead=0.0) for i in range(4)]
+    slow = Link(0.0, 0.1)
+    links = {(a.name, b.name): slow for a in devices for b in devices
+             if a is not b and {a.name, b.name} - {"/D:0", "/D:1"}}
+    return Cluster(devices, Link(0.0, 1e9), links, name="two-fast-two-slow")
+
+
+def test_splitting_the_dominant_layer_picks_the_fast_pair():
+    graph, c = big_layer_graph(), two_fast_two_slow()
+    base = heft(graph, c)
+    assert base.predicted_step_time == 8.0
+    best, evaluations = split_search(graph, c, base, lambda splits: heft(graph, c, splits=splits))
+    # k = 2 over the fast pair halves the layer: 4 s plus 16 B slices at 1 GB/s. k = 3 or 4
+    # would ship slices over 0.1 B/s links (over 100 s).
+    assert [s.device for s in best.splits["L"]] == ["/D:0", "/D:1"]
+    assert best.predicted_step_time == pytest.approx(4.0, abs=1e-6)
+    assert 3 <= evaluations <= 48
+
+
+def test_more_shards_pay_on_a_fast_uniform_cluster():
+    graph = big_layer_graph()
+    c = Cluster([Device(f"/D:{i}", "X", 10**9, memory_bandwidth=1e30, launch_overhead=0.0) for i in range(4)],
+                Link(0.0, 1e9))
+    best, _ = split_search(graph, c, heft(graph, c), lambda splits: heft(graph, c, splits=splits))
+    assert len(best.splits["L"]) == 4  # 8 s / 4 = 2 s: every extra shard pays here
+    assert best.predicted_step_time == pytest.approx(2.0, abs=1e-6)
+    chosen = plan(graph, c)
+    assert chosen.candidates["heft+split"] == pytest.approx(2.0, abs=1e-6)
+    assert chosen.predicted_step_time == pytest.approx(2.0, abs=1e-6)
+
+
+def test_balanced_shards_follow_device_speed():
+    c = Cluster([Device("/D:0", "X", 1, speed=1.0), Device("/D:1", "X", 1, speed=3.0)], Link(0, 1))
+    assert [s.fraction for s in balanced_shards(c, ["/D:0", "/D:1"])] == [0.25, 0.75]
+
+
+def test_splittable_layers_exclude_batch_coupled_ones():
+    graph = OpGraph([op("m", 1.0, [4], layer="dense", batch_axis=0),
+                     op("bn", 1.0, [4], layer="batch_norm"),
+                     op("v", 0.0, [4], layer="dense", phase="other", persistent_bytes=4, colocation="v")],
+                    [("m", "bn", 0)])
+    assert splittable_layers(graph) == {"dense"}
+
+
+def test_critical_tasks_walk_back_from_the_last_task():
+    graph = OpGraph([op("a", 1.0, [10]), op("b", 4.0, [10]), op("c", 1.0, [10]), op("d", 1.0)],
+                    [("a", "b", 0), ("a", "c", 0), ("b", "d", 0), ("c", "d", 0)])
+    c = Cluster([Device(f"/D:{i}", "X", 1) for i in range(2)], Link(0.0, 1e9))
+    p = Plan(placement={"a": "/D:0", "b": "/D:0", "c": "/D:1", "d": "/D:0"})
+    tg = build_task_graph(graph, c, p)
+    path = critical_tasks(tg, run_task_graph(tg, c), c)
+    assert [tg.names[t] for t in path] == ["d", "b", "a"]
+
+
+def test_plan_records_candidates_and_matches_the_simulator():
+    graph = synthetic.inception_like(blocks=2)
+    c = Cluster.preset("8xH100-nvlink")
+    best = plan(graph, c, max_split_evaluations=12)
+    assert best.predicted_step_time == simulate(graph, c, best).makespan
+    assert best.predicted_step_time == min(best.candidates.values())
+    assert {"single_device", "data_parallel", "layerwise_model_parallel", "heft", "cpop"} <= set(best.candidates)
+    assert best.graph_fingerprint == graph.fingerprint() and best.cluster == "8xH100-nvlink"
+    best.validate(graph, c)
+
+
+@pytest.mark.parametrize("family", sorted(synthetic.FAMILIES))
+def test_plan_is_never_worse_than_the_best_baseline(family):
+    graph = synthetic.build(family)
+    c = Cluster.preset("4xV100-nvlink")
+    best = plan(graph, c, max_split_evaluations=8)
+    baseline = min(make(graph, c).predicted_step_time for make in
+                   (baselines.single_device, baselines.data_parallel, baselines.layerwise_model_parallel))
+    assert best.predicted_step_time <= baseline
+
+
+def test_same_inputs_give_a_byte_identical_plan(tmp_path):
+    graph = synthetic.transformer_like(blocks=1)
+    first = plan(graph, "4xV100-nvlink", max_split_evaluations=6)
+    second = plan(synthetic.transformer_like(blocks=1), "4xV100-nvlink", max_split_evaluations=6)
+    first.save(tmp_path / "a.json")
+    second.save(tmp_path / "b.json")
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    assert Plan.load(tmp_path / "a.json") == first
+
+
+def test_plan_spreads_a_graph_that_does_not_fit_one_device():
+    from tests.planner.test_listschedule import weighty_chain
+    from tests.planner.helpers import cluster
+
+    graph = weighty_chain()
+    c = cluster(2, memory=1000, bandwidth=1e6)
+    best = plan(graph, c)
+    assert "single_device" not in best.candidates and "data_parallel" not in best.candidates
+    assert all(peak <= 900 for peak in best.predicted_peak_memory.values())
+
+
+def test_plan_without_any_fit_says_what_to_do():
+    from tests.planner.test_listschedule import weighty_chain
+    from tests.planner.helpers import cluster
+
+    with pytest.raises(InsufficientMemoryError, match="No strategy fits the memory.*Ways out"):
+        plan(weighty_chain(layers=1, weights=5000), cluster(2, memory=1000))
+
+
+def test_plan_takes_presets_and_rejects_unknown_candidates():
+    graph = synthetic.chain_mlp(layers=2)
+    assert plan(graph, "cpu-testbed:1").algorithm == "single_device"
+    with pytest.raises(InvalidPlanError, match="Unknown candidate"):
+        plan(graph, "2xK80-pcie", candidates=("magic",))
+
+
+def test_kerasflow_plan_is_the_planner():
+    import kerasflow
+
+    assert kerasflow.plan is kerasflow.planner.plan
+    from kerasflow.planner.plan import Plan as PlanClass
+
+    assert PlanClass is Plan
