@@ -13,7 +13,7 @@ from kerasflow.planner import Cluster, KerasflowError, OpGraph, Plan, baselines,
 from kerasflow.planner.planning import candidate_plans
 from kerasflow.planner.hardware import DEVICE_SPECS
 
-__all__ = ["main", "comparison_rows", "format_table"]
+__all__ = ["main", "comparison_rows", "format_table", "label"]
 
 
 def _graph(args) -> OpGraph:
@@ -53,7 +53,20 @@ _LABELS = {
     "layerwise_model_parallel": "layer-wise model-parallel",
     "heft": "HEFT", "heft-layers": "HEFT (layer affinity)",
     "cpop": "CPOP", "cpop-layers": "CPOP (layer affinity)",
+    "tick_tock_data_parallel": "Tick-Tock data-parallel",
+    "tick_tock_model_parallel": "Tick-Tock model-parallel",
+    "split": "op splitting", "waves": "Tick-Tock waves",
 }
+
+
+def label(candidate: str) -> str:
+    """A readable name for a candidate (``"heft+split"`` -> ``"HEFT + op splitting"``).
+
+    Example:
+        >>> label("cpop-layers+split+waves")
+        'CPOP (layer affinity) + op splitting + Tick-Tock waves'
+    """
+    return " + ".join(_LABELS.get(part, part) for part in candidate.split("+"))
 
 
 def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None, *, split: bool = True,
@@ -69,17 +82,14 @@ def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None, 
     plans, misfits = candidate_plans(graph, cluster, batch_size=batch, split=split, memory_limit=memory_limit)
     rows = []
     for name, candidate in plans.items():
-        base, _, split_part = name.partition("+")
-        label = _LABELS.get(base, base) + (" + op splitting" if split_part else "")
-        rows.append({"name": label, "step_time": candidate.predicted_step_time,
+        rows.append({"name": label(name), "step_time": candidate.predicted_step_time,
                      "peak_memory": max(candidate.predicted_peak_memory.values()), "plan": candidate})
     best = min(rows, key=lambda r: r["step_time"])
     rows.append({**best, "name": f"kerasflow plan ({best['name']})"})
     bound = baselines.lower_bound(graph, cluster, batch)
     rows.append({"name": "lower bound", "step_time": bound.seconds, "peak_memory": None, "plan": None})
     for line in misfits:
-        name = line.split(":")[0]
-        rows.append({"name": _LABELS.get(name, name), "step_time": None, "peak_memory": None, "plan": None,
+        rows.append({"name": label(line.split(":")[0]), "step_time": None, "peak_memory": None, "plan": None,
                      "fits": False})
     return rows
 

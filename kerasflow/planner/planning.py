@@ -1,14 +1,16 @@
 """``plan()``: run every candidate strategy, keep the fastest that fits in memory.
 
-Candidates: single device, data parallelism, layer-wise model parallelism, HEFT and CPOP (each with op and with layer
-affinity), and FastT's critical-path op splitting on top of the best list schedule. Each
-candidate is judged by the simulator; the winner's predicted step time is the
-simulator's figure for it, and it records every candidate's figure.
+Candidates: single device, data parallelism, layer-wise model parallelism, HEFT and CPOP
+(each with op and with layer affinity), FastT's critical-path op splitting on top of the
+best list schedule, and Tick-Tock waves (data-parallel, model-parallel, and the best
+placement run as two waves). Each candidate is judged by the simulator; the winner's
+predicted step time is the simulator's figure for it, and it records every candidate's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Callable
 
 from kerasflow.planner import baselines
@@ -20,15 +22,20 @@ from kerasflow.planner.heft import heft
 from kerasflow.planner.listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.splitting import split_search
+from kerasflow.planner.ticktock import (
+    batch_coupled_ops, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
+)
 
-__all__ = ["plan", "candidate_plans", "CANDIDATES"]
+__all__ = ["plan", "candidate_plans", "CANDIDATES", "TICK_TOCK_MODES"]
+
+TICK_TOCK_MODES = ("auto", "on", "off")
 
 CANDIDATES = ("single_device", "data_parallel", "layerwise_model_parallel", "heft", "heft-layers", "cpop",
               "cpop-layers")
 
 
 def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None,
-                    split: bool = True, memory_limit: float | None = None,
+                    split: bool = True, tick_tock: str = "auto", memory_limit: float | None = None,
                     memory_headroom: float = DEFAULT_MEMORY_HEADROOM, max_split_evaluations: int = 48,
                     candidates: tuple[str, ...] = CANDIDATES,
                     progress: Callable[[str], None] | None = None) -> tuple[dict[str, Plan], list[str]]:
@@ -47,6 +54,16 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
     unknown = sorted(set(candidates) - set(CANDIDATES))
     if unknown:
         raise InvalidPlanError(f"Unknown candidate(s) {unknown}; choose from {list(CANDIDATES)}.")
+    if tick_tock not in TICK_TOCK_MODES:
+        raise InvalidPlanError(f"tick_tock must be one of {TICK_TOCK_MODES}; received {tick_tock!r}.")
+    coupled = batch_coupled_ops(graph)
+    if tick_tock == "on" and coupled:
+        warnings.warn(
+            f"tick_tock='on' runs the batch as two micro-batches, which changes the result of ops that "
+            f"couple the samples of a batch ({coupled[:3]}{'...' if len(coupled) > 3 else ''}, e.g. "
+            "BatchNormalization statistics come from each wave). Use tick_tock='auto' to avoid waves "
+            "for this model.", stacklevel=2)
+    waves_wanted = tick_tock == "on" or (tick_tock == "auto" and not coupled)
     batch = batch_size or graph.batch_size
     budgets = memory_budgets(cluster, memory_limit, memory_headroom)
     options = {"batch_size": batch, "memory_limit": memory_limit, "memory_headroom": memory_headroom}
@@ -67,13 +84,19 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
     if len(cluster) < 2:
         candidates = ("single_device",)
     results: dict[str, Plan] = {}
+    computed: dict[str, Plan] = {}
     misfits: list[str] = []
-    for name in candidates:
+
+    def consider(name: str, make: Callable[[], Plan]) -> None:
         try:
-            candidate = makers[name]()
+            candidate = make()
         except InsufficientMemoryError as error:
             misfits.append(f"{name}: {error}")
-            continue
+            return
+        except InvalidPlanError as error:  # not applicable to this graph (e.g. no layers)
+            misfits.append(f"{name}: not applicable: {error}")
+            return
+        computed[name] = candidate
         if fits(candidate):
             results[name] = candidate
         else:
@@ -81,6 +104,9 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
             misfits.append(f"{name}: simulated peak {peak / 2**20:,.1f} MiB exceeds the budget")
         if progress is not None:
             progress(name)
+
+    for name in candidates:
+        consider(name, makers[name])
     schedulers = [n for n in results if n in ("heft", "heft-layers", "cpop", "cpop-layers")]
     if split and schedulers and len(cluster) > 1:
         base_name = min(schedulers, key=lambda n: (results[n].predicted_step_time, candidates.index(n)))
@@ -95,20 +121,39 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
                                      max_evaluations=max_split_evaluations)
         if best_split.splits:
             name = f"{base_name}+split"
-            results[name] = dataclasses.replace(best_split, algorithm=name)
+            results[name] = computed[name] = dataclasses.replace(best_split, algorithm=name)
         if progress is not None:
             progress(f"{base_name}+split")
+    if waves_wanted:
+        _add_wave_candidates(graph, cluster, batch, computed, consider)
     if not results:
         raise InsufficientMemoryError(
             f"No strategy fits the memory of cluster {cluster.name!r} at batch {batch} "
             f"(budgets {min(budgets) / 2**20:,.0f} MiB per device after {memory_headroom:.0%} headroom). "
-            "Ways out: more devices, a smaller batch, Tick-Tock waves, or a larger memory_limit. "
-            "Details: " + " | ".join(misfits))
+            "Ways out: more devices, a smaller batch, Tick-Tock waves (tick_tock='on'), or a larger "
+            "memory_limit. Details: " + " | ".join(misfits))
     return results, misfits
 
 
+def _add_wave_candidates(graph: OpGraph, cluster: Cluster, batch: int, computed: dict[str, Plan],
+                         consider: Callable[[str, Callable[[], Plan]], None]) -> None:
+    """Tick-Tock candidates: data-parallel and model-parallel waves, and the best placement
+    found so far (FastT's, split or not, whether it fit or not) run as two waves."""
+    if len(cluster) < 2:
+        base = computed.get("single_device") or baselines.single_device(graph, cluster, batch=batch)
+        consider("single_device+waves", lambda: with_waves(base, graph, cluster, batch=batch))
+        return
+    consider("tick_tock_data_parallel", lambda: tick_tock_data_parallel(graph, cluster, batch=batch))
+    consider("tick_tock_model_parallel", lambda: tick_tock_model_parallel(graph, cluster, batch=batch))
+    placed = {n: p for n, p in computed.items() if p.data_parallel is None and n != "single_device"}
+    if placed:
+        name = min(placed, key=lambda n: (placed[n].predicted_step_time, list(placed).index(n)))
+        consider(f"{name}+waves", lambda: with_waves(placed[name], graph, cluster, batch=batch))
+
+
 def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None, split: bool = True,
-         memory_limit: float | None = None, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+         tick_tock: str = "auto", memory_limit: float | None = None,
+         memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
          max_split_evaluations: int = 48, candidates: tuple[str, ...] = CANDIDATES,
          progress: Callable[[str], None] | None = None) -> Plan:
     """Computes the fastest plan for one training step of ``graph`` on ``cluster``.
@@ -118,6 +163,10 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
         cluster: a ``Cluster``, a preset name or a cluster JSON path.
         batch_size: the batch to plan for (default: the graph's).
         split: also try FastT's critical-path op splitting.
+        tick_tock: ``"auto"`` adds Tick-Tock wave candidates (kept when they are faster, or
+            when nothing fits without them) unless the model has batch-coupled ops such as
+            BatchNormalization; ``"on"`` returns the best plan with waves (warning if the
+            model has batch-coupled ops); ``"off"`` never uses waves.
         memory_limit: a cap in bytes for every device's memory.
         memory_headroom: the fraction of each device's memory left free (default 10 %).
         max_split_evaluations: the split search's budget, in plans scheduled and simulated.
@@ -140,9 +189,16 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
         >>> best.predicted_step_time <= min(best.candidates.values()) + 1e-12
         True
     """
-    results, _ = candidate_plans(graph, cluster, batch_size=batch_size, split=split, memory_limit=memory_limit,
-                                 memory_headroom=memory_headroom, max_split_evaluations=max_split_evaluations,
-                                 candidates=candidates, progress=progress)
+    results, misfits = candidate_plans(
+        graph, cluster, batch_size=batch_size, split=split, tick_tock=tick_tock, memory_limit=memory_limit,
+        memory_headroom=memory_headroom, max_split_evaluations=max_split_evaluations, candidates=candidates,
+        progress=progress)
+    if tick_tock == "on":
+        results = {n: p for n, p in results.items() if p.waves is not None}
+        if not results:
+            raise InsufficientMemoryError(
+                "No plan with Tick-Tock waves fits the devices' memory. Ways out: more devices, a smaller "
+                "batch, or a larger memory_limit. Details: " + " | ".join(misfits))
     order = list(results)
     best_name = min(order, key=lambda n: (results[n].predicted_step_time, order.index(n)))
     figures = {name: p.predicted_step_time for name, p in results.items()}

@@ -337,7 +337,7 @@ class _Builder:
                         name = op.name + rsuffix + wsuffix + (f"@s{s}" if shards else "")
                         t = tg.add(name, i, "op", device, self._duration(op, device, b),
                                    tuple(x.at(b) for x in op.output_bytes), op.temp_bytes.at(b),
-                                   0.0, self.rank[i], wave=w, replica=r if dp else -1,
+                                   0.0, self._wave_priority(i, w), wave=w, replica=r if dp else -1,
                                    shard=s if shards else -1, size=b)
                         tasks.append((t, b))
                     per_wave.append(tasks)
@@ -393,6 +393,20 @@ class _Builder:
                                         resource=self.tg.resource[targets[0][0]])
                 mk, mbytes = 0, self.tg.out_sizes[mid][0]
             self._one_to_many(mid, mk, out, mbytes, targets, (p, k, r, w, self.signature[c]))
+
+    def _wave_priority(self, op: int, wave: int) -> float:
+        """Which copy a device runs first among ready ones (smaller first).
+
+        Tick-Tock (offset "forward"): an earlier wave's tasks go first, so the tick wave's
+        backward pass runs as soon as it can and the tock wave fills the idle time. A
+        pipeline (offset "none"): topological rank first, then the wave (GPipe: all
+        micro-batches' forward passes, then the backward passes).
+        """
+        if self.wave_count == 1:
+            return self.rank[op]
+        if self.plan.waves.offset == "forward":
+            return wave * len(self.rank) + self.rank[op]
+        return self.rank[op] * self.wave_count + wave
 
     def _one_to_many(self, src, k, out: Affine, src_bytes, targets, key) -> None:
         """Sends ``src``'s output to each target copy, through a split task when sliced."""

@@ -191,17 +191,27 @@ def test_weights_are_copied_to_every_shard_and_gradients_summed():
 
 def test_waves_run_as_micro_batches_with_the_forward_offset():
     # f (forward) and b (backward) cost 1 s/sample; batch 2 as two waves of 1 sample.
-    # Wave 1's forward waits for wave 0's forward: f@w0 0-1, f@w1 1-2, then the backward.
+    # Wave 1's forward waits for wave 0's forward; the earlier wave goes first when both
+    # are ready: f@w0 0-1, b@w0 1-2 (ahead of f@w1), f@w1 2-3, b@w1 3-4, then one update.
     graph = OpGraph([op("f", (0.0, 1.0), [(0, 4)], batch_axis=0), op("b", (0.0, 1.0), [4], phase="backward", batch_axis=0),
                      op("u", 1.0, [], phase="update")], [("f", "b", 0), ("b", "u", 0)], batch_size=2)
     plan = Plan(placement={"f": "/D:0", "b": "/D:0", "u": "/D:0"}, waves=Waves(2))
     result = simulate(graph, cluster(1), plan)
     times = result.times()
     assert times["f@w0"] == (0.0, 1.0)
-    assert times["f@w1"] == (1.0, 2.0)
-    assert {times["b@w0"], times["b@w1"]} == {(2.0, 3.0), (3.0, 4.0)}
+    assert times["b@w0"] == (1.0, 2.0)
+    assert times["f@w1"] == (2.0, 3.0)
+    assert times["b@w1"] == (3.0, 4.0)
     assert times["u"] == (4.0, 5.0)
     assert result.makespan == graph.total_work("X") == 5.0
+
+
+def test_a_pipeline_runs_every_forward_before_the_backward():
+    graph = OpGraph([op("f", (0.0, 1.0), [(0, 4)], batch_axis=0), op("b", (0.0, 1.0), [4], phase="backward", batch_axis=0),
+                     op("u", 1.0, [], phase="update")], [("f", "b", 0), ("b", "u", 0)], batch_size=2)
+    plan = Plan(placement={"f": "/D:0", "b": "/D:0", "u": "/D:0"}, waves=Waves(2, offset="none"))
+    times = simulate(graph, cluster(1), plan).times()
+    assert [times[n][0] for n in ("f@w0", "f@w1", "b@w0", "b@w1")] == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_tock_wave_runs_on_the_mapped_devices():

@@ -1,0 +1,242 @@
+"""Tick-Tock waves (Wavelet, MLSys 2021), GPipe-style pipelines, and the largest batch that fits.
+
+A training step's memory peaks at the end of the forward pass and falls during the
+backward pass. Wavelet runs the step as two waves (micro-batches): the tock wave starts
+its forward pass when the tick wave has finished its forward pass, so one wave's peak
+meets the other's valley. In model parallelism the tock wave runs the stages in the
+reverse device order, filling the devices plain model parallelism leaves idle.
+
+Unlike the paper's asynchronous waves, kerasflow sums both waves' gradients before one
+optimizer update: a step with waves computes exactly what the whole batch would (except
+in layers that couple the samples of a batch, such as BatchNormalization in training,
+whose statistics then come from each micro-batch; ``batch_coupled_ops`` finds them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple
+
+from kerasflow.planner import baselines
+from kerasflow.planner.cluster import Cluster
+from kerasflow.planner.errors import InsufficientMemoryError, InvalidPlanError
+from kerasflow.planner.graph import OpGraph
+from kerasflow.planner.listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
+from kerasflow.planner.plan import Plan, Waves
+from kerasflow.planner.simulator import simulate
+from kerasflow.planner.taskgraph import batch_ops
+
+__all__ = ["batch_coupled_ops", "with_waves", "tick_tock_data_parallel", "tick_tock_model_parallel",
+           "pipeline", "max_batch", "MaxBatch", "STRATEGIES"]
+
+
+def batch_coupled_ops(graph: OpGraph) -> list[str]:
+    """Forward and backward ops that cannot be split along the batch (their math changes
+    when the batch is cut into waves or shards), e.g. BatchNormalization in training.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> batch_coupled_ops(synthetic.chain_mlp(layers=2))
+        []
+    """
+    return [op.name for op, copied in zip(graph.ops, batch_ops(graph)) if copied and not op.splittable]
+
+
+def with_waves(plan: Plan, graph: OpGraph, cluster: Cluster, *, count: int = 2, offset: str = "forward",
+               stage_maps: tuple = (), batch: int | None = None, algorithm: str | None = None) -> Plan:
+    """``plan`` run as ``count`` waves, with each device's order taken from the simulation.
+
+    Args:
+        plan: a placement plan (its order is replaced) or a data-parallel plan.
+        graph, cluster: what it is for.
+        count: the number of waves (micro-batches).
+        offset: ``"forward"`` (Tick-Tock) or ``"none"`` (a pipeline).
+        stage_maps: per wave, a device -> device map (the tock wave's reversed stages).
+        batch: the batch (default: the plan's, then the graph's).
+        algorithm: the name to record (default: the plan's, suffixed ``+waves``).
+
+    Example:
+        >>> from kerasflow.planner import Cluster, synthetic
+        >>> graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
+        >>> waved = with_waves(baselines.single_device(graph, cluster), graph, cluster)
+        >>> waved.waves.count, waved.algorithm
+        (2, 'single_device+waves')
+    """
+    batch = batch or plan.batch_size or graph.batch_size
+    waved = dataclasses.replace(plan, order={}, waves=Waves(count, offset, tuple(stage_maps)), batch_size=batch,
+                                algorithm=algorithm or f"{plan.algorithm}+waves", candidates={})
+    if waved.data_parallel is None:
+        order = simulate(graph, cluster, waved, batch=batch, memory=False).start_order()
+        waved = dataclasses.replace(waved, order=order)
+    return baselines.with_prediction(waved, graph, cluster, batch)
+
+
+def tick_tock_data_parallel(graph: OpGraph, cluster: Cluster, devices: list[str] | None = None,
+                            batch: int | None = None) -> Plan:
+    """Data parallelism where every device runs both waves of its shard (one all-reduce per step).
+
+    Example:
+        >>> from kerasflow.planner import Cluster, synthetic
+        >>> plan = tick_tock_data_parallel(synthetic.chain_mlp(layers=2), Cluster.preset("4xV100-pcie"))
+        >>> plan.waves.count, len(plan.data_parallel.devices)
+        (2, 4)
+    """
+    base = baselines.data_parallel(graph, cluster, devices, batch)
+    return with_waves(base, graph, cluster, batch=batch, algorithm="tick_tock_data_parallel")
+
+
+def _stages(graph: OpGraph, cluster: Cluster, stages: int | None, batch: int | None) -> tuple[Plan, list[str]]:
+    count = stages or len(cluster)
+    if not 1 <= count <= len(cluster):
+        raise InvalidPlanError(f"stages must be between 1 and {len(cluster)} (the devices); received {stages!r}.")
+    devices = cluster.device_names[:count]
+    plan = baselines.layerwise_model_parallel(graph, cluster, devices, batch)
+    used = set(plan.placement.values())
+    return plan, [d for d in devices if d in used]
+
+
+def tick_tock_model_parallel(graph: OpGraph, cluster: Cluster, stages: int | None = None,
+                             batch: int | None = None) -> Plan:
+    """Layer-wise model parallelism in Tick-Tock: stage i runs on device i in the tick wave and
+    on device S-1-i in the tock wave.
+
+    Each stage's weights stay on the tick device; the tock copy reads them across the link
+    and its gradient is summed with the tick's before the one update.
+
+    Example:
+        >>> from kerasflow.planner import Cluster, synthetic
+        >>> plan = tick_tock_model_parallel(synthetic.chain_mlp(layers=4), Cluster.preset("2xK80-pcie"))
+        >>> dict(plan.waves.stage_maps[1])
+        {'/GPU:0': '/GPU:1', '/GPU:1': '/GPU:0'}
+    """
+    base, order = _stages(graph, cluster, stages, batch)
+    reverse = {device: order[len(order) - 1 - i] for i, device in enumerate(order)}
+    return with_waves(base, graph, cluster, stage_maps=({}, reverse), batch=batch,
+                      algorithm="tick_tock_model_parallel")
+
+
+def pipeline(graph: OpGraph, cluster: Cluster, micro_batches: int = 2, stages: int | None = None,
+             batch: int | None = None) -> Plan:
+    """A GPipe-style pipeline: layer-wise stages, the batch as ``micro_batches`` micro-batches
+    launched together, every forward pass before the backward passes, one update.
+
+    Example:
+        >>> from kerasflow.planner import Cluster, synthetic
+        >>> pipeline(synthetic.chain_mlp(layers=4), Cluster.preset("2xK80-pcie"), 4).algorithm
+        'gpipe-4'
+    """
+    base, _ = _stages(graph, cluster, stages, batch)
+    return with_waves(base, graph, cluster, count=micro_batches, offset="none", batch=batch,
+                      algorithm=f"gpipe-{micro_batches}")
+
+
+class MaxBatch(NamedTuple):
+    """The largest batch a strategy fits in memory, and its throughput there.
+
+    Attributes:
+        strategy: the strategy's name.
+        batch: the largest batch that fits.
+        step_time: predicted seconds per step at that batch.
+        samples_per_second: ``batch / step_time``.
+        peak_memory: device -> predicted peak bytes at that batch.
+        plan: the plan at that batch.
+    """
+
+    strategy: str
+    batch: int
+    step_time: float
+    samples_per_second: float
+    peak_memory: dict
+    plan: Plan
+
+
+def _fastt(tick_tock: str, split: bool):
+    def make(graph, cluster, batch, memory_limit, memory_headroom):
+        from kerasflow.planner.planning import plan
+
+        return plan(graph, cluster, batch_size=batch, split=split, tick_tock=tick_tock,
+                    memory_limit=memory_limit, memory_headroom=memory_headroom)
+    return make
+
+
+STRATEGIES: dict[str, Callable] = {
+    "data_parallel": lambda g, c, b, *_: baselines.data_parallel(g, c, batch=b),
+    "layerwise_model_parallel": lambda g, c, b, *_: baselines.layerwise_model_parallel(g, c, batch=b),
+    "gpipe-2": lambda g, c, b, *_: pipeline(g, c, 2, batch=b),
+    "gpipe-4": lambda g, c, b, *_: pipeline(g, c, 4, batch=b),
+    "tick_tock_data_parallel": lambda g, c, b, *_: tick_tock_data_parallel(g, c, batch=b),
+    "tick_tock_model_parallel": lambda g, c, b, *_: tick_tock_model_parallel(g, c, batch=b),
+    "fastt": _fastt("off", split=False),
+    "fastt+waves": _fastt("on", split=False),
+}
+
+
+def max_batch(graph: OpGraph, cluster: Cluster | str, strategy: str | Callable, *,
+              memory_limit: float | None = None, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+              largest: int = 1 << 20) -> MaxBatch:
+    """The largest batch that fits every device's memory budget under ``strategy``.
+
+    Costs and sizes in the IR are affine in the batch, so any batch can be priced; the
+    search doubles the batch until it no longer fits, then bisects.
+
+    Args:
+        graph: the step.
+        cluster: a ``Cluster`` or preset name.
+        strategy: a name from ``STRATEGIES`` or ``f(graph, cluster, batch, memory_limit,
+            memory_headroom) -> Plan``. ``"fastt"`` and ``"fastt+waves"`` run
+            ``kerasflow.plan`` (without op splitting, for speed) at every batch tried.
+        memory_limit: a cap in bytes for every device.
+        memory_headroom: the fraction of memory left free.
+        largest: stop growing the batch here.
+
+    Raises:
+        InsufficientMemoryError: not even a batch of 1 fits.
+        InvalidPlanError: an unknown strategy name.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> found = max_batch(synthetic.chain_mlp(layers=2), "2xK80-pcie", "data_parallel",
+        ...                   memory_limit=2**28)
+        >>> found.batch > 1 and max(found.peak_memory.values()) <= 2**28 * 0.9
+        True
+    """
+    cluster = Cluster.resolve(cluster)
+    if isinstance(strategy, str):
+        if strategy not in STRATEGIES:
+            raise InvalidPlanError(f"Unknown strategy {strategy!r}; choose from {sorted(STRATEGIES)}.")
+        name, make = strategy, STRATEGIES[strategy]
+    else:
+        name, make = getattr(strategy, "__name__", "custom"), strategy
+    budgets = memory_budgets(cluster, memory_limit, memory_headroom)
+
+    def attempt(batch: int) -> Plan | None:
+        try:
+            candidate = make(graph, cluster, batch, memory_limit, memory_headroom)
+        except InsufficientMemoryError:
+            return None
+        peaks = candidate.predicted_peak_memory
+        if all(peaks.get(d, 0.0) <= b * (1 + 1e-9) for d, b in zip(cluster.device_names, budgets)):
+            return candidate
+        return None
+
+    best = attempt(1)
+    if best is None:
+        raise InsufficientMemoryError(
+            f"Strategy {name!r} does not fit even a batch of 1 on cluster {cluster.name!r}; use more or larger "
+            "devices, or another strategy.")
+    low, high = 1, 2
+    while high <= largest:
+        found = attempt(high)
+        if found is None:
+            break
+        best, low, high = found, high, high * 2
+    high = min(high, largest + 1)
+    while high - low > 1:
+        middle = (low + high) // 2
+        found = attempt(middle)
+        if found is None:
+            high = middle
+        else:
+            best, low = found, middle
+    return MaxBatch(name, low, best.predicted_step_time, low / best.predicted_step_time,
+                    dict(best.predicted_peak_memory), best)
