@@ -470,10 +470,16 @@ class _Builder:
             ar = tg.add(f"{self.graph.ops[p].name}:{k}@allreduce", -1, "allreduce", tg.ring, seconds,
                         (gradient,), 0.0, 0.0, self.rank[p] + 0.5)
             self.allreduces[(p, k)] = ar
-            for per_replica in self.copies:
-                for per_wave in per_replica[p]:
-                    for src, _ in per_wave:
-                        self._edge(src, k, 0.0, ar)
+            for r, per_replica in enumerate(self.copies):
+                # A replica first sums its waves' gradients locally (gradient accumulation),
+                # then the ring reduces one tensor per replica.
+                sources = [task for per_wave in per_replica[p] for task in per_wave]
+                if len(sources) > 1:
+                    local = self._many_to_one(sources, k, out, None, (p, k, r),
+                                              resource=self.tg.resource[sources[0][0]])
+                    self._edge(local, 0, 0.0, ar)
+                else:
+                    self._edge(sources[0][0], k, 0.0, ar)
         self._edge(ar, 0, 0.0, target)
 
     def _copy_seconds(self, resource: int, read: float, write: float) -> float:
