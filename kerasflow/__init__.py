@@ -20,6 +20,7 @@ from kerasflow.planner import (
     Cluster,
     FileFormatError,
     InsufficientMemoryError,
+    ProfilingError,
     InvalidClusterError,
     InvalidGraphError,
     InvalidPlanError,
@@ -47,6 +48,7 @@ __all__ = [
     "FileFormatError",
     "SimulationError",
     "InsufficientMemoryError",
+    "ProfilingError",
 ]
 
 _LAZY_SUBPACKAGES = ("profiling", "strategies", "callbacks")

@@ -28,6 +28,7 @@ from kerasflow.planner.errors import (
     InvalidGraphError,
     InsufficientMemoryError,
     InvalidPlanError,
+    ProfilingError,
     KerasflowError,
     SimulationError,
 )
@@ -47,6 +48,6 @@ __all__ = [
     "plan", "heft", "cpop",
     "single_device", "data_parallel", "layerwise_model_parallel", "lower_bound", "LowerBound",
     "KerasflowError", "InvalidGraphError", "InvalidClusterError", "InvalidPlanError",
-    "FileFormatError", "SimulationError", "InsufficientMemoryError",
+    "FileFormatError", "SimulationError", "InsufficientMemoryError", "ProfilingError",
     "baselines", "costmodel", "hardware", "synthetic",
 ]

@@ -10,6 +10,7 @@ __all__ = [
     "FileFormatError",
     "SimulationError",
     "InsufficientMemoryError",
+    "ProfilingError",
 ]
 
 
@@ -96,5 +97,14 @@ class InsufficientMemoryError(KerasflowError):
 
     Example:
         >>> issubclass(InsufficientMemoryError, KerasflowError)
+        True
+    """
+
+
+class ProfilingError(KerasflowError):
+    """A model or its data cannot be profiled (not compiled, wrong data, XLA on).
+
+    Example:
+        >>> issubclass(ProfilingError, ValueError)
         True
     """

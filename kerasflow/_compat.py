@@ -1,0 +1,149 @@
+"""The one place that knows Keras 3 from tf-keras (and TensorFlow versions).
+
+Everything else in kerasflow asks these functions instead of testing module names.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = [
+    "flavor", "is_keras_model", "variable_handle", "variable_path", "model_variables", "optimizer_name",
+    "optimizer_variables", "metric_variables", "all_layers", "uses_jit", "disable_jit", "is_compiled",
+    "layer_name_of_scope", "train_step",
+]
+
+try:  # tf-keras is optional (the `legacy` extra)
+    import tf_keras as _tf_keras
+except ImportError:  # pragma: no cover - depends on the environment
+    _tf_keras = None
+
+import keras as _keras
+
+
+def flavor(model: Any) -> str:
+    """``"keras3"`` or ``"tf_keras"`` for a model, anything else raises ``TypeError``."""
+    if isinstance(model, _keras.Model):
+        return "keras3"
+    if _tf_keras is not None and isinstance(model, _tf_keras.Model):
+        return "tf_keras"
+    raise TypeError(f"Expected a Keras model (keras.Model or tf_keras.Model); received {type(model).__name__}.")
+
+
+def is_keras_model(model: Any) -> bool:
+    """True for a Keras 3 or a tf-keras model."""
+    try:
+        flavor(model)
+    except TypeError:
+        return False
+    return True
+
+
+def variable_handle(variable: Any) -> tf.Tensor:
+    """The TensorFlow resource handle behind a Keras 3 or tf-keras variable."""
+    value = getattr(variable, "value", None)
+    if value is not None and hasattr(value, "handle"):
+        return value.handle
+    return variable.handle
+
+
+def variable_path(variable: Any) -> str:
+    """A variable's path (``"dense/kernel"``) in either Keras."""
+    path = getattr(variable, "path", None)
+    if isinstance(path, str):
+        return path
+    return variable.name.split(":")[0]
+
+
+def model_variables(model: Any) -> list:
+    """The model's own variables (trainable and not)."""
+    return list(model.variables)
+
+
+def optimizer_name(model: Any) -> str:
+    """The name scope the optimizer's update ops live in (``"adam"``, ``"Adam"``)."""
+    return model.optimizer.name
+
+
+def optimizer_variables(model: Any) -> list:
+    """The optimizer's variables: slots, iteration counter, learning rate."""
+    variables = model.optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def metric_variables(model: Any) -> list:
+    """Variables of the compiled loss trackers and metrics."""
+    seen, found = set(), []
+    for metric in getattr(model, "metrics", []):
+        for variable in metric.variables:
+            if id(variable) not in seen:
+                seen.add(id(variable))
+                found.append(variable)
+    return found
+
+
+def all_layers(model: Any) -> list:
+    """Every layer of the model, nested models' layers included (depth first)."""
+    found = []
+
+    def visit(layer):
+        for child in getattr(layer, "layers", []) or []:
+            found.append(child)
+            visit(child)
+
+    visit(model)
+    return found
+
+
+def uses_jit(model: Any) -> bool:
+    """True when the model would compile its step with XLA."""
+    value = getattr(model, "jit_compile", None)
+    if value is None:
+        value = getattr(model, "_jit_compile", None)
+    return bool(value) and value != "auto"
+
+
+def disable_jit(model: Any) -> None:
+    """Turns XLA off for the model's step (XLA erases per-op placement and profiles)."""
+    if flavor(model) == "keras3":
+        model.jit_compile = False
+    else:
+        model._jit_compile = False
+
+
+def is_compiled(model: Any) -> bool:
+    """True once ``model.compile(...)`` has run with an optimizer."""
+    if getattr(model, "optimizer", None) is None:
+        return False
+    if flavor(model) == "keras3":
+        return bool(getattr(model, "compiled", False))
+    return bool(getattr(model, "_is_compiled", False))
+
+
+_UNIQUIFIED = re.compile(r"^(.*)_\d+$")
+
+
+def layer_name_of_scope(scope: str, layer_names: set[str]) -> str | None:
+    """The innermost layer a name scope belongs to.
+
+    Keras 3 scopes carry TensorFlow's uniquifying suffix (``functional_1/dense_1/...`` for
+    layer ``dense``); tf-keras scopes do not (``model/dense/...``). A component matches a
+    layer by its name, or by its name less one ``_<n>`` suffix.
+    """
+    found = None
+    for part in scope.split("/"):
+        if part in layer_names:
+            found = part
+            continue
+        match = _UNIQUIFIED.match(part)
+        if match and match.group(1) in layer_names:
+            found = match.group(1)
+    return found
+
+
+def train_step(model: Any):
+    """The model's ``train_step`` (the function ``fit`` traces for one batch)."""
+    return model.train_step

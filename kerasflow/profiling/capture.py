@@ -1,0 +1,279 @@
+"""Traces a model's training step at a fixed batch and reads its structure.
+
+The step is traced as ``model.train_step`` inside a fresh ``tf.function`` whose inputs have
+a fixed batch size, so every tensor shape (and so every edge's bytes) is static. While
+tracing, each layer's ``call`` is wrapped to record which ops it creates: that gives every
+forward op its layer exactly. Backward ops (``gradient_tape/<forward scope>/...``) take the
+layer of the forward scope they differentiate; update ops take the layer of the variable
+they write. Captured variables become colocation groups with their reads and writes, and
+an optimizer slot joins its variable's group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from kerasflow import _compat
+from kerasflow.profiling.splittable import is_splittable
+
+__all__ = ["CapturedStep", "CapturedOp", "capture_step", "batch_spec"]
+
+# Where Keras puts the loss computation: Keras 3 "compile_loss/...", tf-keras "loss/...".
+_LOSS_SCOPES = ("compile_loss/", "loss/")
+
+
+@dataclasses.dataclass
+class CapturedOp:
+    """One op of the traced step, as plain data."""
+
+    name: str
+    type: str
+    inputs: list[tuple[str, int]]
+    control_inputs: list[str]
+    output_bytes: list[float]
+    output_shapes: list[tuple]
+    layer: str | None = None
+    phase: str = "other"
+    colocation: str | None = None
+    persistent_bytes: int = 0
+    batch_axis: int | None = None
+    flops: float = 0.0
+    bytes_accessed: float = 0.0
+
+
+@dataclasses.dataclass
+class CapturedStep:
+    """The traced step: its ops in graph order, and the function to run it."""
+
+    ops: list[CapturedOp]
+    function: Any
+    batch_size: int
+    layer_types: dict[str, str]
+
+    def by_name(self) -> dict[str, CapturedOp]:
+        return {op.name: op for op in self.ops}
+
+
+def batch_spec(batch: Any) -> Any:
+    """``tf.TensorSpec``s with the batch's exact shapes (the batch size fixed)."""
+    return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), batch)
+
+
+def _bytes(tensor: tf.Tensor) -> float:
+    shape = tensor.shape
+    if tensor.dtype == tf.resource or tensor.dtype == tf.variant or shape.rank is None:
+        return 0.0
+    dims = shape.as_list()
+    if any(d is None for d in dims):
+        return 0.0
+    size = tensor.dtype.size if tensor.dtype != tf.string else 8
+    return float(np.prod(dims, dtype=np.float64)) * size
+
+
+def _flops(op: tf.Operation) -> float:
+    """Floating-point operations of common op types, from static shapes (0 when unknown)."""
+    def elements(t):
+        dims = t.shape.as_list() if t.shape.rank is not None else None
+        return float(np.prod(dims, dtype=np.float64)) if dims and all(d is not None for d in dims) else 0.0
+
+    try:
+        if op.type in ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "_MklMatMul"):
+            a = op.inputs[0].shape.as_list()
+            k = a[-2] if op.get_attr("transpose_a" if op.type == "MatMul" else "adj_x") else a[-1]
+            return 2.0 * elements(op.outputs[0]) * (k or 0)
+        if op.type in ("Conv2D", "DepthwiseConv2dNative"):
+            kernel = op.inputs[1].shape.as_list()
+            per_output = kernel[0] * kernel[1] * (kernel[2] if op.type == "Conv2D" else 1)
+            return 2.0 * elements(op.outputs[0]) * per_output
+        if op.type in ("Conv2DBackpropInput", "Conv2DBackpropFilter"):
+            kernel_dims = op.inputs[1].shape.as_list() if op.type == "Conv2DBackpropInput" else None
+            grad = op.inputs[2]
+            if kernel_dims is None:
+                kernel_dims = [int(x) for x in tf.get_static_value(op.inputs[1]) or []] or None
+            if not kernel_dims:
+                return 0.0
+            return 2.0 * elements(grad) * kernel_dims[0] * kernel_dims[1] * kernel_dims[2]
+    except (ValueError, TypeError, IndexError):
+        return 0.0
+    if op.outputs:
+        return max((elements(t) for t in op.inputs), default=0.0) or elements(op.outputs[0])
+    return 0.0
+
+
+def _last_op_id(graph) -> int:
+    """The id of the newest op of ``graph`` (ops get increasing ids as they are created)."""
+    return max(graph._nodes_by_id, default=0)
+
+
+def _layer_ranges(model) -> tuple[list, dict]:
+    """Wraps every layer's ``call`` to record the ops it creates; returns (records, originals)."""
+    records: list[tuple[int, int, Any]] = []
+    originals: dict[int, Any] = {}
+
+    def wrap(layer):
+        original = layer.call
+
+        @functools.wraps(original)
+        def recorded(*args, **kwargs):
+            graph = tf.compat.v1.get_default_graph()
+            start = _last_op_id(graph)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                records.append((start, _last_op_id(graph), layer))
+
+        originals[id(layer)] = (layer, layer.__dict__.get("call"))
+        object.__setattr__(layer, "call", recorded)  # bypass Keras' attribute tracking
+
+    for layer in _compat.all_layers(model):
+        wrap(layer)
+    return records, originals
+
+
+def capture_step(model, batch) -> CapturedStep:
+    """Traces ``model.train_step`` on ``batch``'s shapes and returns its ops as plain data.
+
+    Args:
+        model: a compiled Keras 3 or tf-keras model.
+        batch: one batch as the model's ``fit`` receives it (``(x, y)`` or
+            ``(x, y, sample_weight)``, tensors or arrays).
+
+    Returns:
+        A ``CapturedStep`` whose ``function`` runs the traced step on such a batch.
+    """
+    spec = batch_spec(batch)
+    records, originals = _layer_ranges(model)
+    try:
+        function = tf.function(lambda data: model.train_step(data), autograph=False)
+        concrete = function.get_concrete_function(spec)
+    finally:
+        for layer, own in originals.values():
+            if own is None:
+                object.__delattr__(layer, "call")  # the class's method shows again
+            else:
+                object.__setattr__(layer, "call", own)
+    graph = concrete.graph
+    operations = graph.get_operations()
+    batch_size = int(tf.nest.flatten(spec)[0].shape[0])
+
+    # Forward ops: the innermost layer call that created them.
+    layer_of_id: dict[int, str] = {}
+    for start, end, layer in sorted(records, key=lambda r: (r[0], -r[1])):
+        for op_id in range(start + 1, end + 1):
+            layer_of_id[op_id] = layer.name
+    layer_types = {layer.name: type(layer).__name__ for _, _, layer in records}
+    layer_objects = {layer.name: layer for _, _, layer in records}
+
+    # Variables: internal placeholder -> (group, persistent bytes, is model variable).
+    handles = {}
+    for variable in _compat.model_variables(model):
+        handles[id(_compat.variable_handle(variable))] = ("model", variable)
+    for variable in _compat.optimizer_variables(model):
+        handles.setdefault(id(_compat.variable_handle(variable)), ("optimizer", variable))
+    for variable in _compat.metric_variables(model):
+        handles.setdefault(id(_compat.variable_handle(variable)), ("metric", variable))
+    model_paths = sorted((_compat.variable_path(v) for v in _compat.model_variables(model)), key=len, reverse=True)
+    resource_group: dict[str, tuple[str, int]] = {}
+    for external, internal in graph.captures:
+        entry = handles.get(id(external))
+        if entry is None:
+            continue
+        kind, variable = entry
+        path = _compat.variable_path(variable)
+        group = path
+        if kind == "optimizer":
+            flat = path.replace("/", "_")
+            for model_path in model_paths:  # a slot joins the variable it belongs to
+                if model_path in path or model_path.replace("/", "_") in flat:
+                    group = model_path
+                    break
+        size = int(np.prod(variable.shape, dtype=np.int64)) * tf.as_dtype(variable.dtype).size
+        resource_group[internal.op.name] = (group, size)
+
+    optimizer_scope = _compat.optimizer_name(model) + "/"
+    captured: list[CapturedOp] = []
+    for op in operations:
+        inputs = [(t.op.name, t.value_index) for t in op.inputs]
+        captured.append(CapturedOp(
+            name=op.name, type=op.type, inputs=inputs, control_inputs=[c.name for c in op.control_inputs],
+            output_bytes=[_bytes(t) for t in op.outputs],
+            output_shapes=[tuple(t.shape.as_list()) if t.shape.rank is not None else () for t in op.outputs],
+            flops=_flops(op),
+            bytes_accessed=sum(_bytes(t) for t in op.inputs) + sum(_bytes(t) for t in op.outputs)))
+    by_name = {op.name: op for op in captured}
+
+    # Groups: the variable's placeholder and every op that takes the resource.
+    group_layer: dict[str, str] = {}
+    for op, tf_op in zip(captured, operations):
+        if op.name in resource_group:
+            op.colocation, op.persistent_bytes = resource_group[op.name]
+            continue
+        for source, _ in op.inputs:
+            if source in resource_group:
+                op.colocation = resource_group[source][0]
+                break
+        layer = layer_of_id.get(tf_op._id)
+        if layer is not None:
+            op.layer, op.phase = layer, "forward"
+            if op.colocation is not None:
+                group_layer.setdefault(op.colocation, layer)
+
+    # Name scopes of forward ops -> layer, for the backward ops that differentiate them.
+    scope_layer: dict[str, str | None] = {}
+    for op in captured:
+        if op.phase == "forward" and op.layer:
+            parts = op.name.split("/")
+            for i in range(1, len(parts) + 1):
+                scope = "/".join(parts[:i])
+                if scope_layer.get(scope, op.layer) != op.layer:
+                    scope_layer[scope] = None
+                else:
+                    scope_layer[scope] = op.layer
+    for op in captured:
+        if op.name.startswith("gradient_tape/"):
+            op.phase = "backward"
+            parts = op.name[len("gradient_tape/"):].split("/")
+            for i in range(len(parts), 0, -1):
+                layer = scope_layer.get("/".join(parts[:i]))
+                if layer:
+                    op.layer = layer
+                    break
+        elif op.name.startswith(optimizer_scope) or (
+            op.colocation in group_layer and op.type.startswith(("Assign", "ResourceApply"))):
+            op.phase = "update"
+        elif op.phase != "forward" and op.name.startswith(_LOSS_SCOPES):
+            op.phase = "forward"
+
+    # Update ops take the layer of the variable they end up writing (walk consumers backwards).
+    consumers: dict[str, list[str]] = {}
+    for op in captured:
+        for source, _ in op.inputs:
+            consumers.setdefault(source, []).append(op.name)
+        for source in op.control_inputs:
+            consumers.setdefault(source, []).append(op.name)
+    for op in reversed(captured):
+        if op.layer is not None:
+            continue
+        if op.colocation in group_layer:
+            op.layer = group_layer[op.colocation]
+        elif op.phase == "update":
+            for consumer in consumers.get(op.name, ()):
+                layer = by_name[consumer].layer
+                if layer is not None and by_name[consumer].phase == "update":
+                    op.layer = layer
+                    break
+
+    # Which ops may be split along the batch.
+    for op in captured:
+        if op.phase not in ("forward", "backward"):
+            continue
+        if op.layer is None:
+            op.batch_axis = 0  # losses and glue: per-sample work, reductions summed by the strategy
+        elif is_splittable(layer_objects.get(op.layer)):
+            op.batch_axis = 0
+    return CapturedStep(captured, concrete, batch_size, layer_types)

@@ -1,0 +1,233 @@
+"""``profile_model``: a live Keras model's training step as an ``OpGraph`` with measured costs.
+
+The step (forward, backward, optimizer update — what ``model.fit`` runs) is traced at the
+user's batch and at half of it; each trace runs ``warmup_steps`` unmeasured steps (tracing
+and graph optimisation happen there), then ``steps`` profiled ones. Per-op times are
+medians over the profiled steps, and each op's cost is fitted as ``fixed + per_sample *
+batch`` from the two batch sizes, so the planner can price shards and micro-batches. The
+model's weights and optimizer state are restored afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+from kerasflow import _compat
+from kerasflow.devices import default_devices, device_kind
+from kerasflow.planner.errors import ProfilingError
+from kerasflow.planner.graph import Affine, Edge, Op, OpGraph
+from kerasflow.profiling.capture import CapturedStep, capture_step
+from kerasflow.profiling.xplane import StepProfiler, attribute
+
+__all__ = ["profile_model", "first_batch", "check_model", "build_graph", "profile_step"]
+
+
+def check_model(model: Any) -> None:
+    """Raises ``ProfilingError`` unless ``model`` is a compiled Keras model without XLA."""
+    if not _compat.is_keras_model(model):
+        raise ProfilingError(f"profile_model takes a Keras model (keras.Model or tf_keras.Model); "
+                             f"received {type(model).__name__}.")
+    if not _compat.is_compiled(model):
+        raise ProfilingError(
+            f"Model {model.name!r} is not compiled: call model.compile(optimizer=..., loss=...) before "
+            "profiling, so the training step (loss, gradients, optimizer update) exists.")
+    if _compat.uses_jit(model):
+        raise ProfilingError(
+            f"Model {model.name!r} is compiled with jit_compile=True. XLA fuses the whole step into a few "
+            "clusters, which erases per-op placement and per-op profiles; compile with jit_compile=False.")
+
+
+def first_batch(data: Any, batch_size: int | None = None) -> tuple:
+    """One ``fit``-style batch (``(x, y)`` or ``(x, y, sample_weight)``) of tensors from ``data``.
+
+    ``data`` is a ``tf.data.Dataset`` yielding batches, or ``(x, y)`` / ``(x, y,
+    sample_weight)`` of arrays or tensors (the first ``batch_size`` samples, default 32).
+    """
+    if isinstance(data, tf.data.Dataset):
+        try:
+            batch = next(iter(data))
+        except StopIteration:
+            raise ProfilingError("The dataset given to profile_model is empty.") from None
+        if batch_size is not None:
+            batch = tf.nest.map_structure(lambda t: t[:batch_size], batch)
+        return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+    if not isinstance(data, (tuple, list)) or not 1 <= len(data) <= 3:
+        raise ProfilingError(
+            f"profile_model takes data as (x, y), (x, y, sample_weight) or a tf.data.Dataset of batches; "
+            f"received {type(data).__name__}.")
+    size = batch_size or 32
+    try:
+        tensors = tf.nest.map_structure(lambda a: tf.convert_to_tensor(np.asarray(a)[:size]), tuple(data))
+    except (ValueError, TypeError) as error:
+        raise ProfilingError(f"profile_model could not turn the data into tensors: {error}") from None
+    return tensors
+
+
+def _half(batch: tuple) -> tuple:
+    n = int(tf.nest.flatten(batch)[0].shape[0])
+    return tf.nest.map_structure(lambda t: t[: max(1, n // 2)], batch)
+
+
+def _snapshot(model) -> list[tuple[Any, np.ndarray]]:
+    variables = (_compat.model_variables(model) + _compat.optimizer_variables(model)
+                 + _compat.metric_variables(model))
+    return [(v, np.array(v.numpy())) for v in variables]
+
+
+def _restore(snapshot) -> None:
+    for variable, value in snapshot:
+        variable.assign(value)
+
+
+def profile_step(step: CapturedStep, batch: tuple, warmup_steps: int, steps: int, device: str) -> tuple:
+    """Runs the traced step ``warmup_steps`` times unmeasured, then ``steps`` times profiled.
+
+    Returns:
+        ``(attribution, plain seconds per step, profiled seconds per step)``.
+    """
+    with tf.device(device):
+        for _ in range(max(warmup_steps, 0)):
+            step.function(batch)
+        plain = []
+        for _ in range(steps):
+            started = time.perf_counter()
+            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, step.function(batch))
+            plain.append(time.perf_counter() - started)
+        profiler = StepProfiler()
+        profiler.start()
+        profiled = []
+        try:
+            for i in range(steps):
+                started = time.perf_counter()
+                with profiler.step(i):
+                    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, step.function(batch))
+                profiled.append(time.perf_counter() - started)
+        finally:
+            times = profiler.stop()
+    ops = step.by_name()
+    result = attribute(times, ops, {op.name: op.flops for op in step.ops})
+    return result, float(np.median(plain)), float(np.median(profiled))
+
+
+def _affine(value_big: float, batch_big: int, value_small: float | None, batch_small: int | None) -> Affine:
+    """The line through (small batch, value) and (big batch, value), kept non-negative."""
+    if value_small is None or batch_small is None or batch_small == batch_big:
+        return Affine(max(value_big, 0.0), 0.0)
+    per_sample = (value_big - value_small) / (batch_big - batch_small)
+    if per_sample <= 0:
+        return Affine(max(value_big, 0.0), 0.0)
+    fixed = value_big - per_sample * batch_big
+    if fixed < 0:
+        return Affine(0.0, value_big / batch_big)
+    return Affine(fixed, per_sample)
+
+
+def build_graph(big: CapturedStep, small: CapturedStep | None, seconds_big: dict, seconds_small: dict | None,
+                kind: str, *, name: str = "", metadata: dict | None = None) -> OpGraph:
+    """The ``OpGraph`` of a traced step: structure from ``big``, costs and sizes affine in the batch."""
+    b1 = big.batch_size
+    b2 = small.batch_size if small is not None else None
+    small_ops = small.by_name() if small is not None else {}
+    ops, edges = [], []
+    for op in big.ops:
+        twin = small_ops.get(op.name)
+        cost = _affine(seconds_big.get(op.name, 0.0), b1,
+                       (seconds_small or {}).get(op.name, 0.0) if twin is not None else None, b2)
+        outputs = [_affine(size, b1, twin.output_bytes[i] if twin is not None and i < len(twin.output_bytes) else None, b2)
+                   for i, size in enumerate(op.output_bytes)]
+        flops = _affine(op.flops, b1, twin.flops if twin is not None else None, b2)
+        accessed = _affine(op.bytes_accessed, b1, twin.bytes_accessed if twin is not None else None, b2)
+        ops.append(Op(op.name, op.type, op.layer, op.phase, {kind: cost}, outputs, Affine(0.0), op.persistent_bytes,
+                      op.colocation, op.batch_axis, flops, accessed))
+        for source, index in op.inputs:
+            edges.append(Edge(source, op.name, index))
+        for source in op.control_inputs:
+            edges.append(Edge(source, op.name, None))
+    return OpGraph(ops, edges, batch_size=b1, name=name, metadata=metadata or {})
+
+
+def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmup_steps: int = 2,
+                  steps: int = 3, device: str | None = None, second_batch: bool = True,
+                  progress: Callable[[str], None] | None = None) -> OpGraph:
+    """Profiles one training step of ``model`` and returns it as an ``OpGraph``.
+
+    Args:
+        model: a compiled Keras 3 or tf-keras model (Sequential, Functional or subclassed).
+        data: ``(x, y)``, ``(x, y, sample_weight)`` (arrays or tensors) or a
+            ``tf.data.Dataset`` of batches, as for ``fit``.
+        batch_size: the batch to profile (default: the dataset's batch, or 32).
+        warmup_steps: unmeasured steps first (tracing and graph optimisation happen there).
+        steps: profiled steps; per-op times are their medians.
+        device: where to run (default: the first GPU, else ``/CPU:0``); costs are keyed by
+            its kind (``"CPU"``, ``"V100"``, ...).
+        second_batch: also profile half the batch, to fit each cost as fixed + per-sample.
+        progress: called with a short message at each stage.
+
+    Returns:
+        The step: every op of forward, backward and update, with its layer, phase,
+        colocation group, batch axis, output sizes and measured cost. ``metadata`` holds
+        the coverage (the fraction of profiled kernel time that landed on ops of the graph),
+        the profiling wall time, the plain and profiled step times, and how memory was
+        obtained.
+
+    Raises:
+        ProfilingError: the model is not compiled, uses XLA, or the data does not fit it.
+
+    Example:
+        >>> graph = kerasflow.profiling.profile_model(model, (x, y), batch_size=64)  # doctest: +SKIP
+        >>> graph.metadata["coverage"] > 0.95  # doctest: +SKIP
+        True
+    """
+    check_model(model)
+    started = time.perf_counter()
+    device = device or default_devices()[0]
+    kind = device_kind(device)
+    batch = first_batch(data, batch_size)
+    say = progress or (lambda message: None)
+    snapshot = _snapshot(model)
+    try:
+        say("tracing the training step")
+        try:
+            with tf.device(device):
+                big = capture_step(model, batch)
+                small = capture_step(model, _half(batch)) if second_batch and big.batch_size > 1 else None
+        except (ValueError, TypeError, tf.errors.InvalidArgumentError) as error:
+            shapes = [tuple(t.shape) for t in tf.nest.flatten(batch)]
+            expected = [getattr(i, "shape", None) for i in getattr(model, "inputs", None) or []]
+            raise ProfilingError(
+                f"The data does not fit model {model.name!r}: received tensors of shapes {shapes}"
+                f"{f', the model takes inputs of shapes {expected}' if expected else ''}. "
+                f"TensorFlow said: {str(error).splitlines()[0]}") from None
+        say(f"profiling {steps} steps at batch {big.batch_size}")
+        result_big, plain, profiled = profile_step(big, batch, warmup_steps, steps, device)
+        result_small = None
+        if small is not None:
+            say(f"profiling {steps} steps at batch {small.batch_size}")
+            result_small, _, _ = profile_step(small, _half(batch), warmup_steps, steps, device)
+    finally:
+        _restore(snapshot)
+    metadata = {
+        "source": "kerasflow.profiling.profile_model",
+        "device": device,
+        "device_kind": kind,
+        "flavor": _compat.flavor(model),
+        "coverage": round(result_big.coverage, 6),
+        "profile_seconds": round(time.perf_counter() - started, 3),
+        "plain_step_seconds": plain,
+        "profiled_step_seconds": profiled,
+        "batch_sizes": [big.batch_size] + ([small.batch_size] if small is not None else []),
+        "memory": "tensor sizes (TensorFlow reports no per-op temp memory on this device)",
+        "versions": {"tensorflow": tf.__version__},
+    }
+    if "GPU" in device.upper():
+        try:
+            metadata["measured_peak_bytes"] = tf.config.experimental.get_memory_info(device.strip("/"))["peak"]
+            metadata["memory"] = "tensor sizes; measured_peak_bytes from tf.config.experimental.get_memory_info"
+        except (ValueError, RuntimeError):
+            pass
+    return build_graph(big, small, result_big.seconds, result_small.seconds if result_small else None, kind,
+                       name=model.name, metadata=metadata)

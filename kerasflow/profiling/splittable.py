@@ -1,0 +1,55 @@
+"""Which Keras layers may be split along the batch (their samples are independent).
+
+Built-in layers are listed by class name. A custom layer opts in or out with a class or
+instance attribute ``kerasflow_splittable = True`` (or ``False``); unknown layers are not
+split, the safe default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SPLITTABLE_LAYERS", "NOT_SPLITTABLE_LAYERS", "is_splittable", "ATTRIBUTE"]
+
+ATTRIBUTE = "kerasflow_splittable"
+
+SPLITTABLE_LAYERS = frozenset({
+    "Dense", "EinsumDense", "Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose",
+    "Conv3DTranspose", "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D",
+    "MaxPooling1D", "MaxPooling2D", "MaxPooling3D", "AveragePooling1D", "AveragePooling2D", "AveragePooling3D",
+    "GlobalMaxPooling1D", "GlobalMaxPooling2D", "GlobalMaxPooling3D", "GlobalAveragePooling1D",
+    "GlobalAveragePooling2D", "GlobalAveragePooling3D", "Activation", "ReLU", "LeakyReLU", "PReLU", "ELU",
+    "Softmax", "Embedding", "Dropout", "SpatialDropout1D", "SpatialDropout2D", "GaussianNoise",
+    "GaussianDropout", "LayerNormalization", "GroupNormalization", "UnitNormalization", "MultiHeadAttention",
+    "Attention", "AdditiveAttention", "Flatten", "Reshape", "Permute", "RepeatVector", "Cropping1D",
+    "Cropping2D", "ZeroPadding1D", "ZeroPadding2D", "UpSampling1D", "UpSampling2D", "Concatenate", "Add",
+    "Subtract", "Multiply", "Average", "Maximum", "Minimum", "Dot", "Identity", "Rescaling", "InputLayer",
+    "LSTM", "GRU", "SimpleRNN", "Bidirectional", "TimeDistributed", "Lambda",
+})
+
+NOT_SPLITTABLE_LAYERS = frozenset({
+    "BatchNormalization",  # statistics over the batch in training
+    "SyncBatchNormalization",
+})
+
+
+def is_splittable(layer: Any) -> bool:
+    """True when ``layer`` may run as shards of the batch with the same result.
+
+    Example:
+        >>> class Mine:
+        ...     kerasflow_splittable = True
+        >>> is_splittable(Mine())
+        True
+    """
+    if layer is None:
+        return False
+    flag = getattr(layer, ATTRIBUTE, None)
+    if flag is not None:
+        return bool(flag)
+    name = type(layer).__name__
+    if name in NOT_SPLITTABLE_LAYERS:
+        return False
+    if getattr(layer, "stateful", False):  # a stateful RNN carries state across batches
+        return False
+    return name in SPLITTABLE_LAYERS

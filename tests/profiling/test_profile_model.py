@@ -1,0 +1,200 @@
+"""Tests of profile_model on logical CPUs: structure, costs, sizes, coverage, bad input."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kerasflow import ProfilingError
+from kerasflow.planner import OpGraph
+from kerasflow.profiling import capture_step, profile_model
+from tests.profiling import models
+
+
+@pytest.fixture(scope="module")
+def mlp_graph():
+    model = models.mlp(keras)
+    return model, profile_model(model, models.mlp_data(), batch_size=16, steps=2)
+
+
+def test_the_graph_holds_every_op_of_the_step(mlp_graph):
+    model, graph = mlp_graph
+    from kerasflow.profiling.profiler import first_batch
+
+    step = capture_step(model, first_batch(models.mlp_data(), 16))
+    assert {op.name for op in graph.ops} == {op.name for op in step.ops}
+    assert len(graph.topological_order()) == len(graph)
+    assert {"forward", "backward", "update", "other"} <= {op.phase for op in graph.ops}
+
+
+def test_compute_ops_have_positive_costs(mlp_graph):
+    _, graph = mlp_graph
+    matmuls = [op for op in graph.ops if op.type == "MatMul"]
+    assert len(matmuls) == 3 + 5  # three forward, five backward (no input gradient for the first layer)
+    assert all(op.cost["CPU"].at(16) > 0 for op in matmuls)
+
+
+def test_a_dense_output_edge_carries_batch_times_units_times_4(mlp_graph):
+    _, graph = mlp_graph
+    matmul = next(op for op in graph.ops if op.layer == "dense_0" and op.type == "MatMul" and op.phase == "forward")
+    edge = next(e for e in graph.edges if e.src == matmul.name)
+    assert graph.edge_bytes(edge) == 16 * 32 * 4
+    assert graph.edge_bytes(edge, batch=7) == 7 * 32 * 4  # sizes are affine in the batch
+
+
+def test_phases_layers_and_colocation(mlp_graph):
+    _, graph = mlp_graph
+    by_layer = {}
+    for op in graph.ops:
+        by_layer.setdefault((op.layer, op.phase), []).append(op)
+    for layer in ("dense_0", "dense_1", "logits"):
+        assert by_layer[(layer, "forward")] and by_layer[(layer, "backward")] and by_layer[(layer, "update")]
+    kernel_ops = [op for op in graph.ops if op.colocation == "dense_0/kernel"]
+    assert {op.phase for op in kernel_ops} >= {"other", "forward", "update"}
+    variable = next(op for op in kernel_ops if op.persistent_bytes)
+    assert variable.persistent_bytes == 8 * 32 * 4  # the kernel; its Adam slots have their own placeholders
+    slots = [op for op in kernel_ops if op.persistent_bytes]
+    assert sum(op.persistent_bytes for op in slots) == 3 * 8 * 32 * 4  # kernel + two Adam slots
+    assert all(op.batch_axis == 0 for op in by_layer[("dense_0", "forward")] if not op.colocation)
+
+
+def test_coverage_and_metadata(mlp_graph):
+    _, graph = mlp_graph
+    meta = graph.metadata
+    assert meta["coverage"] >= 0.95
+    assert meta["device_kind"] == "CPU" and meta["batch_sizes"] == [16, 8] and meta["flavor"] == "keras3"
+
+
+def test_json_round_trip(mlp_graph, tmp_path):
+    _, graph = mlp_graph
+    graph.save(tmp_path / "profile.json")
+    loaded = OpGraph.load(tmp_path / "profile.json")
+    assert loaded.fingerprint() == graph.fingerprint() and loaded.to_dict() == graph.to_dict()
+
+
+def test_profiling_does_not_change_the_weights():
+    model = models.mlp(keras)
+    before = [v.numpy().copy() for v in model.variables]
+    profile_model(model, models.mlp_data(), batch_size=8, steps=1, warmup_steps=1, second_batch=False)
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.variables))
+
+
+@pytest.mark.parametrize("build, data", [
+    (models.inception_cnn, models.image_data),
+    (models.lstm_model, models.token_data),
+    (models.transformer_block, models.sequence_data),
+    (lambda k: models.inception_cnn(k, batch_norm=True), models.image_data),
+])
+def test_layer_families(build, data):
+    model = build(keras)
+    graph = profile_model(model, data(), batch_size=8, steps=2)
+    assert graph.metadata["coverage"] >= 0.95
+    layers = {op.layer for op in graph.ops if op.phase == "forward"}
+    expected = {layer.name for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)}
+    assert expected - {"dropout"} <= layers | {"gap", "pool", "residual"}
+    if "bn" in layers:  # BatchNormalization couples the batch: never split
+        assert all(op.batch_axis is None for op in graph.ops if op.layer == "bn" and op.phase == "forward")
+
+
+def test_sequential_and_subclassed_models():
+    sequential = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, name="hidden"),
+                                   keras.layers.Dense(2, name="out")], name="seq")
+    sequential.compile(optimizer="sgd", loss="mse")
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__(name="sub")
+            self.hidden = keras.layers.Dense(4, name="hidden")
+            self.out = keras.layers.Dense(2, name="out")
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+    subclassed = Subclassed()
+    subclassed.compile(optimizer="sgd", loss="mse")
+    x = np.random.rand(16, 8).astype("float32")
+    y = np.random.rand(16, 2).astype("float32")
+    subclassed(x[:1])
+    for model in (sequential, subclassed):
+        graph = profile_model(model, (x, y), batch_size=8, steps=1)
+        assert {"hidden", "out"} <= {op.layer for op in graph.ops}
+
+
+def test_multiple_inputs_and_outputs():
+    a, b = keras.Input((4,), name="a"), keras.Input((3,), name="b")
+    merged = keras.layers.Concatenate(name="merge")([keras.layers.Dense(5, name="da")(a), keras.layers.Dense(5, name="db")(b)])
+    out1, out2 = keras.layers.Dense(1, name="o1")(merged), keras.layers.Dense(2, name="o2")(merged)
+    model = keras.Model([a, b], [out1, out2], name="two_heads")
+    model.compile(optimizer="sgd", loss=["mse", "mse"])
+    xa, xb = np.random.rand(16, 4).astype("float32"), np.random.rand(16, 3).astype("float32")
+    ya, yb = np.random.rand(16, 1).astype("float32"), np.random.rand(16, 2).astype("float32")
+    graph = profile_model(model, ((xa, xb), (ya, yb)), batch_size=8, steps=1)
+    assert {"da", "db", "merge", "o1", "o2"} <= {op.layer for op in graph.ops}
+
+
+def test_uncompiled_model_is_refused():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(ProfilingError, match="not compiled: call model.compile"):
+        profile_model(model, (np.zeros((4, 3)), np.zeros((4, 2))))
+
+
+def test_wrong_data_shape_is_refused():
+    with pytest.raises(ProfilingError, match=r"does not fit model 'mlp': received tensors of shapes \[\(8, 5\)"):
+        profile_model(models.mlp(keras), (np.zeros((8, 5), "float32"), np.zeros(8, "int64")), batch_size=8)
+
+
+def test_jit_compile_is_refused_with_the_reason():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    with pytest.raises(ProfilingError, match="XLA fuses the whole step"):
+        profile_model(model, (np.zeros((4, 3)), np.zeros((4, 2))))
+
+
+def test_not_a_model_is_refused():
+    with pytest.raises(ProfilingError, match="takes a Keras model"):
+        profile_model("model", (np.zeros(2), np.zeros(2)))
+
+
+def test_a_dataset_works():
+    x, y = models.mlp_data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    graph = profile_model(models.mlp(keras), dataset, steps=1)
+    assert graph.batch_size == 16
+
+
+def test_the_tf_keras_path():
+    import tf_keras  # installed by the `legacy` extra, which CI installs
+    model = models.mlp(tf_keras)
+    graph = profile_model(model, models.mlp_data(), batch_size=16, steps=2)
+    assert graph.metadata["flavor"] == "tf_keras" and graph.metadata["coverage"] >= 0.95
+    for layer in ("dense_0", "dense_1", "logits"):
+        phases = {op.phase for op in graph.ops if op.layer == layer}
+        assert {"forward", "backward", "update"} <= phases
+    kernel = [op for op in graph.ops if op.colocation == "dense_0/kernel" and op.persistent_bytes]
+    assert sum(op.persistent_bytes for op in kernel) == 3 * 8 * 32 * 4
+
+
+def test_links_between_logical_cpus_say_they_are_not_measured():
+    from kerasflow import KerasflowError
+    from kerasflow.profiling import cluster_of, measure_links
+
+    result = measure_links(["/CPU:0", "/CPU:1"])
+    assert not result.measured and "by reference" in result.note
+    assert set(result.links) == {("/CPU:0", "/CPU:1"), ("/CPU:1", "/CPU:0")}
+    cluster = cluster_of(["/CPU:0", "/CPU:1", "/CPU:2"])
+    assert cluster.kinds() == ["CPU"] and len(cluster) == 3
+    with pytest.raises(KerasflowError, match="'/GPU:7' does not exist"):
+        measure_links(["/CPU:0", "/GPU:7"])
+
+
+def test_estimates_for_gpus_from_a_cpu_profile(mlp_graph):
+    from kerasflow.profiling import estimate_costs
+
+    _, graph = mlp_graph
+    estimated = estimate_costs(graph, ["V100", "H200"])
+    matmul = next(op for op in estimated.ops if op.type == "MatMul" and op.layer == "dense_0" and op.phase == "forward")
+    assert matmul.flops.per_sample == 2 * 8 * 32  # 2 x in x out per sample
+    assert 0 < matmul.cost["H200"].at(16) <= matmul.cost["V100"].at(16)
+    import kerasflow
+
+    assert kerasflow.plan(estimated, "4xV100-nvlink", max_split_evaluations=2).predicted_step_time > 0
