@@ -37,6 +37,8 @@ __all__ = [
     "profiling",
     "strategies",
     "callbacks",
+    "devices",
+    "FastTStrategy",
     "OpGraph",
     "Cluster",
     "Plan",
@@ -51,11 +53,13 @@ __all__ = [
     "ProfilingError",
 ]
 
-_LAZY_SUBPACKAGES = ("profiling", "strategies", "callbacks")
+_LAZY_SUBPACKAGES = ("profiling", "strategies", "callbacks", "devices")
 
 
 def __getattr__(name):
-    # TensorFlow takes seconds to import: load the TF-facing subpackages on first use only.
+    # TensorFlow takes seconds to import: load the TF-facing parts on first use only.
     if name in _LAZY_SUBPACKAGES:
         return importlib.import_module(f"kerasflow.{name}")
+    if name == "FastTStrategy":
+        return importlib.import_module("kerasflow.strategies").FastTStrategy
     raise AttributeError(f"module 'kerasflow' has no attribute {name!r}")

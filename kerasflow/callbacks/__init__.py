@@ -1,3 +1,5 @@
-"""kerasflow.callbacks: the TensorFlow-facing layer (see ../shared/DESIGN.md); filled in by later issues."""
+"""kerasflow.callbacks: Keras callbacks that plan and apply FastT inside ``fit``."""
 
-__all__: list[str] = []
+from kerasflow.callbacks.fastt import FastT
+
+__all__ = ["FastT"]

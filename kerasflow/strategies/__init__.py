@@ -1,3 +1,8 @@
-"""kerasflow.strategies: the TensorFlow-facing layer (see ../shared/DESIGN.md); filled in by later issues."""
+"""kerasflow.strategies: ``FastTStrategy`` and applying a plan to the traced training step."""
 
-__all__: list[str] = []
+from kerasflow.strategies.applier import PlanApplier
+from kerasflow.strategies.driver import Driver, Options, PlacementMismatch
+from kerasflow.strategies.fastt_strategy import FastTStrategy
+from kerasflow.strategies.steps import PlannedStep
+
+__all__ = ["FastTStrategy", "PlanApplier", "PlannedStep", "Driver", "Options", "PlacementMismatch"]

@@ -1,0 +1,94 @@
+"""``kerasflow.callbacks.FastT``: FastT planning for a ``fit`` call made without the strategy."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import keras
+
+from kerasflow.planner import Cluster, Plan
+from kerasflow.planner.errors import KerasflowError
+from kerasflow.strategies.driver import Driver, Options
+
+__all__ = ["FastT"]
+
+
+class FastT(keras.callbacks.Callback):
+    """Profiles, plans and rebuilds the training step inside an existing ``fit`` call.
+
+    The same loop as ``FastTStrategy`` (warm-up steps, profiled steps, the plan, the rebuild),
+    driven from the batch hooks: at the start of training the callback rebinds the model's
+    ``train_step`` with the plan-applying step; after the profiled steps it plans and
+    rebuilds with ``model.make_train_function(force=True)``. Variables move to their planned
+    devices (Keras 3). Works next to ModelCheckpoint, EarlyStopping, TensorBoard, CSVLogger
+    and BackupAndRestore.
+
+    Args: as for ``FastTStrategy`` (``devices``, ``cluster``, ``plan``, ``warmup_steps``,
+        ``profile_steps``, ``split``, ``tick_tock``, ``memory_limit``, ``log_dir``,
+        ``verbose``, ``on_mismatch``).
+
+    Example:
+        >>> model.fit(x, y, epochs=5, callbacks=[kerasflow.callbacks.FastT()])  # doctest: +SKIP
+    """
+
+    def __init__(self, devices: list[str] | None = None, cluster: Cluster | str | None = None,
+                 plan: Plan | str | None = None, warmup_steps: int | None = None, profile_steps: int | None = None,
+                 split: bool | None = None, tick_tock: str | None = None, memory_limit: float | None = None,
+                 log_dir: str | None = None, verbose: Any = None, on_mismatch: str = "error"):
+        super().__init__()
+        from kerasflow.devices import default_devices
+        from kerasflow.strategies.fastt_strategy import _canonical, _known_devices
+
+        devices = [_canonical(d) for d in (devices or default_devices())]
+        missing = [d for d in devices if d not in _known_devices()]
+        if missing:
+            raise KerasflowError(f"FastT got device(s) {missing} that do not exist; TensorFlow has "
+                                 f"{sorted(_known_devices())}. Call kerasflow.devices.virtual_cpus(4) before "
+                                 "TensorFlow starts, or pass devices= with existing ones.")
+        if isinstance(plan, (str, os.PathLike)):
+            plan = Plan.load(plan)
+        if isinstance(cluster, str):
+            cluster = Cluster.resolve(cluster)
+        self.options = Options.build(devices, cluster=cluster, plan=plan, warmup_steps=warmup_steps,
+                                     profile_steps=profile_steps, split=split, tick_tock=tick_tock,
+                                     memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
+                                     on_mismatch=on_mismatch)
+        self.driver = Driver(self.options)
+        self._given = plan is not None
+
+    @property
+    def plan(self) -> Plan | None:
+        """The plan in use (None until computed)."""
+        return self.driver.plan
+
+    def placement_report(self) -> list | None:
+        """Ops that did not land where planned, read back after the rebuild."""
+        return self.driver.mismatches
+
+    def on_train_begin(self, logs=None):
+        if len(self.options.devices) < 2:
+            return
+        if self.params and self.params.get("verbose") == 0 and self.options.verbose == "auto":
+            self.options.verbose = 0
+        driver = self.driver
+        driver.step = 0
+        try:
+            driver.attach(self.model)
+            if self._given:
+                original = self.model.train_step
+
+                def first(data):
+                    driver.prepare_given_plan(data)
+                    return original(data)
+                object.__setattr__(first, "__name__", "train_step")
+                object.__setattr__(self.model, "train_step", first)
+            self.model.make_train_function(force=True)
+        except Exception as error:  # noqa: BLE001 - never lose the user's training
+            driver._fail("attaching", error)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.driver.before_step()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.driver.after_step()

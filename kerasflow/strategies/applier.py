@@ -1,0 +1,223 @@
+"""Applies a ``Plan`` to the ops of a traced training step: devices, and each device's order.
+
+Called at trace time, right after the step's ops were created (on every trace, retraces
+included). An op's device comes from the plan by name; ops the plan does not know (a
+relaxed-shape retrace adds some) are placed by their layer's device, found from their name
+scope; copies made by splits (``.../shard<i>/...``) and waves (``wave<w>/...``) take their
+shard's device and their wave's stage map. Ops that take a variable run where the variable
+lives. Each device's order is enforced with control edges, unless that would close a
+cycle (then the order is skipped and the report says so).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from kerasflow.planner.graph import OpGraph
+from kerasflow.planner.plan import Plan
+
+__all__ = ["PlanApplier", "ApplyReport", "normalize_device", "split_name"]
+
+_WAVE = re.compile(r"^wave(\d+)$")
+_SHARD = re.compile(r"^shard(\d+)$")
+_DEVICE = re.compile(r"device:([A-Za-z]+):(\d+)$", re.IGNORECASE)
+
+
+def normalize_device(device: str) -> str:
+    """``"/job:localhost/replica:0/task:0/device:CPU:1"`` -> ``"/CPU:1"`` (others unchanged)."""
+    if not device:
+        return ""
+    match = _DEVICE.search(device)
+    if match is None or (device.startswith("/job:") and not device.startswith("/job:localhost")):
+        return device  # a remote device keeps its full name
+    return f"/{match.group(1).upper()}:{match.group(2)}"
+
+
+def split_name(name: str) -> tuple[str, int, int]:
+    """An op name without its wave and shard scopes, and those indices (-1 when absent).
+
+    Example:
+        >>> split_name("gradient_tape/wave1/model/dense/shard0/MatMul")
+        ('gradient_tape/model/dense/MatMul', 1, 0)
+    """
+    wave = shard = -1
+    parts = []
+    for part in name.split("/"):
+        w, s = _WAVE.match(part), _SHARD.match(part)
+        if w and wave < 0:
+            wave = int(w.group(1))
+        elif s and shard < 0:
+            shard = int(s.group(1))
+        else:
+            parts.append(part)
+    return "/".join(parts), wave, shard
+
+
+@dataclass
+class ApplyReport:
+    """What one application of the plan did at trace time."""
+
+    placed: int = 0
+    by_layer: int = 0
+    unplaced: list[str] = field(default_factory=list)
+    ordered_edges: int = 0
+    order_skipped: str = ""
+
+
+class PlanApplier:
+    """Places and orders the ops of a traced step according to ``plan``.
+
+    Args:
+        plan: the plan.
+        graph: the profiled ``OpGraph`` the plan was made for (its op names and layers).
+        devices: the devices of the cluster, in order (the first is the fallback).
+    """
+
+    def __init__(self, plan: Plan, graph: OpGraph | None, devices: list[str]):
+        self.plan = plan
+        self.devices = list(devices)
+        self.layer_of: dict[str, str] = {}
+        self.scope_layer: dict[str, str | None] = {}
+        if graph is not None:
+            for op in graph.ops:
+                if op.layer is None:
+                    continue
+                self.layer_of[op.name] = op.layer
+                parts = op.name.split("/")
+                for i in range(1, len(parts)):
+                    scope = "/".join(parts[:i])
+                    self.scope_layer[scope] = op.layer if self.scope_layer.get(scope, op.layer) == op.layer else None
+        votes: dict[str, dict[str, int]] = {}
+        for name, device in plan.placement.items():
+            layer = self.layer_of.get(name)
+            if layer is not None:
+                votes.setdefault(layer, {}).setdefault(device, 0)
+                votes[layer][device] += 1
+        self.layer_device = {layer: max(v, key=lambda d: (v[d], d)) for layer, v in votes.items()}
+        for layer, shards in plan.splits.items():
+            self.layer_device.setdefault(layer, shards[0].device)
+        self.last_report = ApplyReport()
+
+    def layer_of_name(self, base: str) -> str | None:
+        """The layer of an op name (exact, else its longest known scope)."""
+        layer = self.layer_of.get(base)
+        if layer is not None:
+            return layer
+        parts = base.split("/")
+        if parts and parts[0] == "gradient_tape":
+            parts = parts[1:]
+        for i in range(len(parts), 0, -1):
+            layer = self.scope_layer.get("/".join(parts[:i]))
+            if layer:
+                return layer
+        return None
+
+    def device_for(self, name: str) -> tuple[str | None, bool]:
+        """The planned device of op ``name``, and whether it came from the layer fallback."""
+        base, wave, shard = split_name(name)
+        plan = self.plan
+        device = None
+        by_layer = False
+        layer = self.layer_of_name(base) if (shard >= 0 or base not in plan.placement) else None
+        if shard >= 0 and layer in plan.splits and shard < len(plan.splits[layer]):
+            device = plan.splits[layer][shard].device
+        elif base in plan.placement:
+            device = plan.placement[base]
+        elif layer is not None and layer in self.layer_device:
+            device, by_layer = self.layer_device[layer], True
+        if device is not None and wave >= 0 and plan.waves is not None and wave < plan.waves.count:
+            device = plan.waves.device(wave, device)
+        return device, by_layer
+
+    def apply(self, ops: list[tf.Operation], captures: dict[str, str]) -> ApplyReport:
+        """Places ``ops`` (created by one trace of the step) and orders them.
+
+        Args:
+            ops: the step's new ops.
+            captures: internal placeholder name -> device of the captured variable.
+        """
+        report = ApplyReport()
+        by_name = {op.name: op for op in ops}
+        for op in ops:
+            if op.type == "Placeholder":
+                continue
+            resource = next((captures[t.op.name] for t in op.inputs
+                             if t.dtype == tf.resource and t.op.name in captures), None)
+            if resource is not None:
+                op._set_device(resource)  # ops on a variable run where it lives
+                report.placed += 1
+                continue
+            if any(t.dtype == tf.resource for t in op.inputs):
+                continue  # a resource made inside the step (an iterator, a TensorArray): leave it
+            device, by_layer = self.device_for(op.name)
+            if device is None:
+                report.unplaced.append(op.name)
+                continue
+            op._set_device(device)
+            report.placed += 1
+            report.by_layer += by_layer
+        self._order(ops, by_name, report)
+        self.last_report = report
+        return report
+
+    def _order(self, ops, by_name, report: ApplyReport) -> None:
+        if not self.plan.order:
+            return
+        keyed: dict[tuple[str, int, int], tf.Operation] = {}
+        for op in ops:
+            keyed.setdefault(split_name(op.name), op)
+        chains = []
+        for names in self.plan.order.values():
+            sequence = []
+            for task in names:
+                parts = task.split("@")
+                wave = next((int(p[1:]) for p in parts[1:] if p.startswith("w")), -1)
+                shard = next((int(p[1:]) for p in parts[1:] if p.startswith("s")), -1)
+                op = keyed.get((parts[0], wave, shard))
+                if op is not None and op.type != "Placeholder":
+                    sequence.append(op)
+            chains.extend(zip(sequence, sequence[1:]))
+        if not chains:
+            return
+        if _would_cycle(ops, chains):
+            report.order_skipped = ("the plan's order contradicts this trace's data flow (the step differs "
+                                    "from the profiled one); ops run in data-flow order")
+            return
+        for before, after in chains:
+            if before not in after.control_inputs:
+                after._add_control_input(before)
+                report.ordered_edges += 1
+
+
+def _would_cycle(ops: list[tf.Operation], extra: list[tuple[tf.Operation, tf.Operation]]) -> bool:
+    """True when adding ``extra`` edges (before -> after) would make the ops' graph cyclic."""
+    index = {id(op): i for i, op in enumerate(ops)}
+    successors: list[list[int]] = [[] for _ in ops]
+    missing = [0] * len(ops)
+
+    def link(a, b):
+        ia, ib = index.get(id(a)), index.get(id(b))
+        if ia is not None and ib is not None:
+            successors[ia].append(ib)
+            missing[ib] += 1
+
+    for op in ops:
+        for tensor in op.inputs:
+            link(tensor.op, op)
+        for control in op.control_inputs:
+            link(control, op)
+    for before, after in extra:
+        link(before, after)
+    stack = [i for i, m in enumerate(missing) if m == 0]
+    seen = 0
+    while stack:
+        i = stack.pop()
+        seen += 1
+        for j in successors[i]:
+            missing[j] -= 1
+            if missing[j] == 0:
+                stack.append(j)
+    return seen != len(ops)

@@ -1,0 +1,202 @@
+"""``FastTStrategy``: a ``tf.distribute`` strategy that plans and applies FastT inside ``model.fit``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.distribute import one_device_strategy
+from tensorflow.python.framework import ops
+
+from kerasflow.planner import Cluster, Plan
+from kerasflow.planner.errors import KerasflowError
+from kerasflow.strategies.driver import Driver, Options
+
+__all__ = ["FastTStrategy"]
+
+
+class _FastTExtended(one_device_strategy.OneDeviceExtended):
+    """One replica on the first device; the plan spreads its ops over all devices."""
+
+    def __init__(self, container, device: str):
+        super().__init__(container, device)
+        self._variable_device: str | None = None
+
+    @contextlib.contextmanager
+    def creating_on(self, device: str):
+        """Lets variables created inside land on ``device`` instead of the replica's."""
+        previous, self._variable_device = self._variable_device, device
+        try:
+            yield
+        finally:
+            self._variable_device = previous
+
+    def _create_variable(self, next_creator, **kwargs):
+        if self._variable_device is not None:
+            kwargs.pop("colocate_with", None)
+            with ops.device(self._variable_device):
+                return next_creator(**kwargs)
+        return super()._create_variable(next_creator, **kwargs)
+
+    def _call_for_each_replica(self, fn, args, kwargs):
+        fn = self._container_strategy()._intercept(fn, args)
+        return super()._call_for_each_replica(fn, args, kwargs)
+
+
+class FastTStrategy(tf.distribute.OneDeviceStrategy):
+    """Trains a Keras model with a FastT plan over several devices, planned inside ``fit``.
+
+    Build and compile the model under ``scope()``, then call ``fit`` as always. Inside that
+    ``fit``: ``warmup_steps`` steps on the default placement, ``profile_steps`` profiled
+    steps, the plan (``kerasflow.plan``: placement, order, op splitting, Tick-Tock waves),
+    the rebuild, and every later step on the plan. The strategy brings its own driver into
+    ``fit``: it wraps the model's train function the first time ``fit`` traces it, so no
+    callback is needed (``kerasflow.callbacks.FastT`` does the same for models built
+    without the strategy).
+
+    Args:
+        devices: the devices to use (default: all GPUs, else all logical CPUs).
+        cluster: the ``Cluster`` (or preset name) to plan for (default: the CPU testbed for
+            logical CPUs, measured links for GPUs).
+        plan: a ``Plan`` or a plan JSON path: no profiling, applied from the first traced
+            step; checked against the model (``on_mismatch="replan"`` profiles afresh instead
+            of raising).
+        warmup_steps: steps before profiling (>= 2).
+        profile_steps: profiled steps.
+        split: let the planner split layers across devices.
+        tick_tock: ``"auto"``, ``"on"`` or ``"off"`` (see ``kerasflow.plan``).
+        memory_limit: a cap in bytes for every device.
+        log_dir: where to write ``plan.json``, ``profile.json`` and ``timeline.json``.
+        verbose: ``"auto"``/1 prints one report line after planning; 0 prints nothing.
+        on_mismatch: ``"error"`` or ``"replan"`` for a ``plan=`` that does not fit the model.
+
+    Raises:
+        KerasflowError: a device that does not exist, or bad options.
+
+    Example:
+        >>> strategy = kerasflow.FastTStrategy()  # doctest: +SKIP
+        >>> with strategy.scope():
+        ...     model = build_model()
+        ...     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        >>> model.fit(x, y, epochs=3)  # profiles, plans, rebuilds, keeps training
+    """
+
+    def __init__(self, devices: list[str] | None = None, cluster: Cluster | str | None = None,
+                 plan: Plan | str | None = None, warmup_steps: int | None = None, profile_steps: int | None = None,
+                 split: bool | None = None, tick_tock: str | None = None, memory_limit: float | None = None,
+                 log_dir: str | None = None, verbose: Any = None, on_mismatch: str = "error"):
+        from kerasflow.devices import default_devices
+
+        devices = [_canonical(d) for d in (devices or default_devices())]
+        known = _known_devices()
+        missing = [d for d in devices if d not in known]
+        if missing:
+            raise KerasflowError(
+                f"FastTStrategy got device(s) {missing} that do not exist; TensorFlow has {sorted(known)}. "
+                "Call kerasflow.devices.virtual_cpus(4) before TensorFlow starts for logical CPUs, or pass "
+                "devices= with existing ones.")
+        if isinstance(plan, (str, os.PathLike)):
+            plan = Plan.load(plan)
+        if isinstance(cluster, str):
+            cluster = Cluster.resolve(cluster)
+        if cluster is not None:
+            absent = [d for d in devices if d not in cluster.device_names]
+            if absent:
+                raise KerasflowError(f"The cluster {cluster.name!r} has no device(s) {absent}; its devices are "
+                                     f"{cluster.device_names}.")
+        if plan is not None:
+            unknown = sorted(set(plan.devices()) - set(devices))
+            if unknown:
+                raise KerasflowError(f"The plan uses device(s) {unknown} that this strategy does not have "
+                                     f"({devices}). Replan for these devices.")
+        self._options = Options.build(devices, cluster=cluster, plan=plan, warmup_steps=warmup_steps,
+                                      profile_steps=profile_steps, split=split, tick_tock=tick_tock,
+                                      memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
+                                      on_mismatch=on_mismatch)
+        if len(devices) == 1:
+            import warnings
+
+            warnings.warn("FastTStrategy has one device: it behaves like OneDeviceStrategy. Call "
+                          "kerasflow.devices.virtual_cpus(4) or use a machine with several GPUs.", stacklevel=2)
+        extended = _FastTExtended(self, devices[0])
+        tf.distribute.Strategy.__init__(self, extended)
+        self._driver = Driver(self._options, creating=extended.creating_on)
+
+    @property
+    def devices(self) -> list[str]:
+        """The devices this strategy plans over."""
+        return list(self._options.devices)
+
+    @property
+    def plan(self) -> Plan | None:
+        """The plan in use (None until it is computed)."""
+        return self._driver.plan
+
+    @property
+    def profile(self):
+        """The profiled ``OpGraph`` (None until profiled)."""
+        return self._driver.graph
+
+    def placement_report(self) -> list:
+        """Ops that did not land where the plan put them, read from the partition graphs after the
+        rebuild (``[]`` when all did; None before the plan is applied)."""
+        return self._driver.mismatches
+
+    def _intercept(self, fn, args=()):
+        inner = fn
+        while getattr(inner, "__wrapped__", None) is not None and getattr(inner, "__self__", None) is None:
+            inner = inner.__wrapped__  # Strategy.run wraps fn with autograph
+        model = getattr(inner, "model", None) or getattr(inner, "__self__", None)
+        if len(self._options.devices) < 2 or getattr(inner, "__name__", "") != "train_step" or model is None:
+            return fn
+        driver = self._driver
+        if driver.model is not model and not driver.failed:
+            driver.attach(model)
+            _wrap_train_function(model, driver)
+            driver.step = 1  # this first call of the train function is step 0
+            if args:
+                driver._record(args[0])
+            if self._options.plan is not None:
+                def first(data):
+                    driver.prepare_given_plan(data)
+                    return model.train_step(data)  # the given plan applies from this first trace
+                first.__name__ = "train_step"
+                return first
+        return fn
+
+
+def _wrap_train_function(model, driver: Driver) -> None:
+    """Drives the loop from each call of the model's train function (re-wrapped after rebuilds)."""
+    def wrap(function):
+        if getattr(function, "_kerasflow_driven", False):
+            return function
+
+        def driven(iterator):
+            driver.before_step()
+            try:
+                return function(iterator)
+            finally:
+                driver.after_step()
+                if not getattr(model.train_function, "_kerasflow_driven", False):  # rebuilt: drive the new one
+                    object.__setattr__(model, "train_function", wrap(model.train_function))
+
+        driven._kerasflow_driven = True
+        return driven
+
+    object.__setattr__(model, "train_function", wrap(model.train_function))
+
+
+def _canonical(device: str) -> str:
+    from kerasflow.strategies.applier import normalize_device
+
+    name = normalize_device(device)
+    if name.startswith("/") and ":" in name and "device:" not in name.lower():
+        kind, index = name[1:].split(":", 1)
+        return f"/{kind.upper()}:{index}"
+    return name
+
+
+def _known_devices() -> set[str]:
+    return {_canonical(d.name) for d in tf.config.list_logical_devices()}

@@ -1,0 +1,81 @@
+"""Moves variables (and their optimizer slots) to the devices a plan gives their groups, values kept.
+
+An op that reads or writes a variable always runs where the variable lives, so moving a
+layer's work means moving its variables. Keras 3 keeps the TensorFlow variable behind each
+Keras variable in one attribute, so a new variable with the same value is created on the
+target device and swapped in; the optimizer's index of its variables is rebuilt. tf-keras
+variables are referenced from many places and are left where they are (the placement
+report lists their ops as not moved).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+
+from kerasflow import _compat
+from kerasflow.planner.plan import Plan
+from kerasflow.strategies.applier import normalize_device
+
+__all__ = ["move_variables", "group_devices"]
+
+
+def _swap(variable, device: str, creating) -> bool:
+    old = variable.value
+    if normalize_device(old.device) == device:
+        return False
+    with tf.init_scope(), creating(device), tf.device(device):
+        new = tf.Variable(old.read_value(), dtype=old.dtype, trainable=old.trainable,
+                          name=old.name.split(":")[0], aggregation=old.aggregation,
+                          synchronization=old.synchronization)
+    variable._value = new
+    return True
+
+
+def group_devices(plan: Plan, graph) -> dict[str, str]:
+    """Colocation group (a variable's path) -> the device the plan gives its ops."""
+    devices = {}
+    if graph is None or plan.data_parallel is not None:
+        return devices
+    for op in graph.ops:
+        if op.colocation is not None and op.name in plan.placement:
+            devices.setdefault(op.colocation, plan.placement[op.name])
+    return devices
+
+
+def move_variables(model, homes: dict[str, str], *, creating=None) -> int:
+    """Puts each model variable and its optimizer slots on its group's device.
+
+    Args:
+        model: a Keras 3 model (tf-keras models are left as they are).
+        homes: variable path -> device (from ``group_devices``).
+        creating: a context manager factory ``f(device)`` the strategy uses to let a
+            variable be created off its default device.
+
+    Returns:
+        How many variables were moved.
+    """
+    if _compat.flavor(model) != "keras3" or not homes:
+        return 0
+    creating = creating or (lambda device: contextlib.nullcontext())
+    moved = 0
+    owners = sorted(homes, key=len, reverse=True)
+    everything = (_compat.model_variables(model) + _compat.optimizer_variables(model)
+                  + _compat.metric_variables(model))
+    for variable in everything:
+        path = _compat.variable_path(variable)
+        device = homes.get(path)
+        if device is None:  # an optimizer slot lives with the variable it belongs to
+            flat = path.replace("/", "_")
+            owner = next((o for o in owners if o in path or o.replace("/", "_") in flat), None)
+            device = homes.get(owner) if owner else None
+        if device is not None and hasattr(variable, "_value"):
+            moved += _swap(variable, device, creating)
+    optimizer = model.optimizer
+    indices = getattr(optimizer, "_trainable_variables_indices", None)
+    if indices is not None and getattr(optimizer, "_trainable_variables", None) is not None:
+        indices.clear()
+        for i, variable in enumerate(optimizer._trainable_variables):
+            indices[optimizer._var_key(variable)] = i
+    return moved
