@@ -13,7 +13,7 @@ import tensorflow as tf
 __all__ = [
     "flavor", "is_keras_model", "variable_handle", "variable_path", "model_variables", "optimizer_name",
     "optimizer_variables", "metric_variables", "all_layers", "uses_jit", "disable_jit", "is_compiled",
-    "layer_name_of_scope", "train_step",
+    "layer_name_of_scope", "train_step", "strategy_scope", "run_step",
 ]
 
 try:  # tf-keras is optional (the `legacy` extra)
@@ -142,6 +142,31 @@ def layer_name_of_scope(scope: str, layer_names: set[str]) -> str | None:
         if match and match.group(1) in layer_names:
             found = match.group(1)
     return found
+
+
+def strategy_scope(model: Any):
+    """The scope of the strategy the model was built under (its optimizer creates slots there)."""
+    import contextlib
+
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is None or strategy is tf.distribute.get_strategy() or not tf.distribute.has_strategy() and \
+            isinstance(strategy, type(tf.distribute.get_strategy())):
+        return contextlib.nullcontext()
+    return strategy.scope()
+
+
+def run_step(model: Any, data: Any):
+    """Runs ``model.train_step(data)`` the way ``fit`` does: in its strategy's replica context."""
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is None or not isinstance(strategy, tf.distribute.Strategy) or \
+            type(strategy).__name__ == "_DefaultDistributionStrategy":
+        return model.train_step(data)
+
+    def step(batch):
+        return model.train_step(batch)
+
+    step._kerasflow_internal = True  # FastTStrategy must not take this for the user's fit
+    return strategy.run(step, args=(data,))
 
 
 def train_step(model: Any):

@@ -55,7 +55,6 @@ class FastT(keras.callbacks.Callback):
                                      memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
                                      on_mismatch=on_mismatch)
         self.driver = Driver(self.options)
-        self._given = plan is not None
 
     @property
     def plan(self) -> Plan | None:
@@ -75,14 +74,6 @@ class FastT(keras.callbacks.Callback):
         driver.step = 0
         try:
             driver.attach(self.model)
-            if self._given:
-                original = self.model.train_step
-
-                def first(data):
-                    driver.prepare_given_plan(data)
-                    return original(data)
-                object.__setattr__(first, "__name__", "train_step")
-                object.__setattr__(self.model, "train_step", first)
             self.model.make_train_function(force=True)
         except Exception as error:  # noqa: BLE001 - never lose the user's training
             driver._fail("attaching", error)

@@ -518,7 +518,7 @@ class OpGraph:
         return finish[self._structure.index[path[0]]], path[::-1]
 
     def fingerprint(self) -> str:
-        """A stable hash of the structure (ops, types, layers, phases, edges), not the costs.
+        """A stable hash of the structure (ops, types, layers, phases, edges), not the costs or order.
 
         Two profiles of the same model at different speeds share a fingerprint, so a
         plan can be checked against the model it is applied to.
@@ -526,12 +526,13 @@ class OpGraph:
         cached = self._structure.cache.get("fingerprint")
         if cached is not None:
             return cached
+        # Sorted, so two traces that list the same ops in another order agree.
         h = hashlib.sha256()
-        for op in self._ops:
-            h.update(json.dumps([op.name, op.type, op.layer, op.phase, op.colocation,
-                                 op.batch_axis, len(op.output_bytes)]).encode())
-        for edge in self._edges:
-            h.update(json.dumps(list(edge)).encode())
+        for record in sorted(json.dumps([op.name, op.type, op.layer, op.phase, op.colocation,
+                                         op.batch_axis, len(op.output_bytes)]) for op in self._ops):
+            h.update(record.encode())
+        for record in sorted(json.dumps(list(edge)) for edge in self._edges):
+            h.update(record.encode())
         self._structure.cache["fingerprint"] = h.hexdigest()[:16]
         return self._structure.cache["fingerprint"]
 

@@ -37,9 +37,12 @@ CANDIDATES = ("single_device", "data_parallel", "layerwise_model_parallel", "hef
 def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None,
                     split: bool = True, tick_tock: str = "auto", memory_limit: float | None = None,
                     memory_headroom: float = DEFAULT_MEMORY_HEADROOM, max_split_evaluations: int = 48,
-                    candidates: tuple[str, ...] = CANDIDATES,
+                    candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True,
                     progress: Callable[[str], None] | None = None) -> tuple[dict[str, Plan], list[str]]:
     """Every candidate plan that fits in memory, simulated (arguments as for ``plan``).
+
+    ``replicated=False`` leaves out the strategies that replicate the whole step per device
+    (data parallelism, plain or with waves), for runtimes that execute one replica.
 
     Returns:
         ``(plans by candidate name in trial order, one line per candidate that did not fit)``.
@@ -83,6 +86,8 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
     }
     if len(cluster) < 2:
         candidates = ("single_device",)
+    if not replicated:
+        candidates = tuple(c for c in candidates if c != "data_parallel")
     results: dict[str, Plan] = {}
     computed: dict[str, Plan] = {}
     misfits: list[str] = []
@@ -125,7 +130,7 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
         if progress is not None:
             progress(f"{base_name}+split")
     if waves_wanted:
-        _add_wave_candidates(graph, cluster, batch, computed, consider)
+        _add_wave_candidates(graph, cluster, batch, computed, consider, replicated)
     if not results:
         raise InsufficientMemoryError(
             f"No strategy fits the memory of cluster {cluster.name!r} at batch {batch} "
@@ -136,14 +141,15 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
 
 
 def _add_wave_candidates(graph: OpGraph, cluster: Cluster, batch: int, computed: dict[str, Plan],
-                         consider: Callable[[str, Callable[[], Plan]], None]) -> None:
+                         consider: Callable[[str, Callable[[], Plan]], None], replicated: bool = True) -> None:
     """Tick-Tock candidates: data-parallel and model-parallel waves, and the best placement
     found so far (FastT's, split or not, whether it fit or not) run as two waves."""
     if len(cluster) < 2:
         base = computed.get("single_device") or baselines.single_device(graph, cluster, batch=batch)
         consider("single_device+waves", lambda: with_waves(base, graph, cluster, batch=batch))
         return
-    consider("tick_tock_data_parallel", lambda: tick_tock_data_parallel(graph, cluster, batch=batch))
+    if replicated:
+        consider("tick_tock_data_parallel", lambda: tick_tock_data_parallel(graph, cluster, batch=batch))
     consider("tick_tock_model_parallel", lambda: tick_tock_model_parallel(graph, cluster, batch=batch))
     placed = {n: p for n, p in computed.items() if p.data_parallel is None and n != "single_device"}
     if placed:
@@ -154,7 +160,7 @@ def _add_wave_candidates(graph: OpGraph, cluster: Cluster, batch: int, computed:
 def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None, split: bool = True,
          tick_tock: str = "auto", memory_limit: float | None = None,
          memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
-         max_split_evaluations: int = 48, candidates: tuple[str, ...] = CANDIDATES,
+         max_split_evaluations: int = 48, candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True,
          progress: Callable[[str], None] | None = None) -> Plan:
     """Computes the fastest plan for one training step of ``graph`` on ``cluster``.
 
@@ -171,6 +177,8 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
         memory_headroom: the fraction of each device's memory left free (default 10 %).
         max_split_evaluations: the split search's budget, in plans scheduled and simulated.
         candidates: which base strategies to try (a subset of ``CANDIDATES``).
+        replicated: also try strategies that replicate the step on every device (data
+            parallelism); ``FastTStrategy`` runs one replica and passes False.
         progress: called with each candidate's name when it is done.
 
     Returns:
@@ -192,7 +200,7 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
     results, misfits = candidate_plans(
         graph, cluster, batch_size=batch_size, split=split, tick_tock=tick_tock, memory_limit=memory_limit,
         memory_headroom=memory_headroom, max_split_evaluations=max_split_evaluations, candidates=candidates,
-        progress=progress)
+        replicated=replicated, progress=progress)
     if tick_tock == "on":
         results = {n: p for n, p in results.items() if p.waves is not None}
         if not results:

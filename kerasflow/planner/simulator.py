@@ -83,6 +83,7 @@ class SimulationResult:
     memory_timeline: dict[str, tuple[list[float], list[float]]] = field(repr=False)
     task_role: list[str] = field(default_factory=list, repr=False)
     task_wave: list[int] = field(default_factory=list, repr=False)
+    dispatch_order: list[int] = field(default_factory=list, repr=False)
 
     def times(self) -> dict[str, tuple[float, float]]:
         """Task name -> ``(start, end)``."""
@@ -93,13 +94,19 @@ class SimulationResult:
         return dict(zip(self.task_names, self.task_device))
 
     def start_order(self) -> dict[str, list[str]]:
-        """Device -> its op tasks in the order they started (what ``Plan.order`` holds)."""
-        rows: dict[str, list[tuple[float, int]]] = {}
-        for t, device in enumerate(self.task_device):
-            if self.task_role and self.task_role[t] != "op":
+        """Device -> its op tasks in the order they started (what ``Plan.order`` holds).
+
+        Tasks that start at the same instant keep the order the devices dispatched them in,
+        which respects their dependencies (zero-cost chains included).
+        """
+        rows: dict[str, list[str]] = {}
+        sequence = self.dispatch_order or sorted(range(len(self.task_names)), key=lambda t: (self.task_start[t], t))
+        for t in sequence:
+            device = self.task_device[t]
+            if not device or device == "allreduce-ring" or (self.task_role and self.task_role[t] != "op"):
                 continue
-            rows.setdefault(device, []).append((self.task_start[t], t))
-        return {d: [self.task_names[t] for _, t in sorted(v)] for d, v in rows.items()}
+            rows.setdefault(device, []).append(self.task_names[t])
+        return rows
 
     def to_chrome_trace(self) -> dict:
         """The step as a Chrome trace (open in ``chrome://tracing`` or Perfetto).
@@ -206,6 +213,7 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
     seq = 0
     finished = 0
     woken: list[int] = []
+    dispatched: list[int] = []  # device tasks in the order they started (ties kept causal)
 
     def dispatch(r: int, now: float) -> None:
         nonlocal seq
@@ -223,6 +231,7 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
             position[r] = p + 1
         busy[r] = True
         start[t] = now
+        dispatched.append(t)
         seq += 1
         push(events, (now + duration[t], seq, t))
 
@@ -303,7 +312,9 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
         raise SimulationError(
             f"The step deadlocked: {n - finished} task(s) never ran, e.g. {stuck[:3]}. The plan's "
             "device orders contradict the data flow; validate the plan or replan.")
-    return _result(tg, start, end, transfers, memory)
+    result = _result(tg, start, end, transfers, memory)
+    result.dispatch_order = dispatched
+    return result
 
 
 def _result(tg: TaskGraph, start, end, transfers, memory: bool) -> SimulationResult:

@@ -488,7 +488,15 @@ class _Builder:
 
     def _barriers(self, replicas: int) -> None:
         tg, ops = self.tg, self.graph.ops
-        forward = [i for i in self.copies[0] if ops[i].phase == "forward"]
+        # Only the pure forward pass takes part: forward ops downstream of a backward op or of
+        # a gather of all waves (a loss tracker, an RNN state read after the update) would make
+        # the barrier wait on the next wave itself.
+        structure = self.graph._structure
+        tainted = [False] * len(ops)
+        for i in structure.topo:
+            inherited = any(tainted[p] or (not self.is_batch[i] and self.is_batch[p]) for p in structure.preds[i])
+            tainted[i] = inherited or (self.is_batch[i] and ops[i].phase != "forward")
+        forward = [i for i in self.copies[0] if ops[i].phase == "forward" and not tainted[i]]
         for r in range(replicas):
             for w in range(1, self.wave_count):
                 barrier = tg.add(f"@barrier@r{r}@w{w}", -1, "barrier", -1, 0.0, (), 0.0, 0.0, -1.0,

@@ -149,7 +149,7 @@ def capture_step(model, batch) -> CapturedStep:
     spec = batch_spec(batch)
     records, originals = _layer_ranges(model)
     try:
-        function = tf.function(lambda data: model.train_step(data), autograph=False)
+        function = tf.function(lambda data: _compat.run_step(model, data), autograph=False)
         concrete = function.get_concrete_function(spec)
     finally:
         for layer, own in originals.values():

@@ -73,6 +73,11 @@ def _half(batch: tuple) -> tuple:
 
 
 def _snapshot(model) -> list[tuple[Any, np.ndarray]]:
+    """Every variable's value, the optimizer built first so its slots are included."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not getattr(optimizer, "built", True) and hasattr(optimizer, "build"):
+        with _compat.strategy_scope(model):
+            optimizer.build(model.trainable_variables)
     variables = (_compat.model_variables(model) + _compat.optimizer_variables(model)
                  + _compat.metric_variables(model))
     return [(v, np.array(v.numpy())) for v in variables]
@@ -189,6 +194,8 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
     batch = first_batch(data, batch_size)
     say = progress or (lambda message: None)
     snapshot = _snapshot(model)
+    scope = _compat.strategy_scope(model)
+    scope.__enter__()
     try:
         say("tracing the training step")
         try:
@@ -210,6 +217,7 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
             result_small, _, _ = profile_step(small, _half(batch), warmup_steps, steps, device)
     finally:
         _restore(snapshot)
+        scope.__exit__(None, None, None)
     metadata = {
         "source": "kerasflow.profiling.profile_model",
         "device": device,

@@ -141,6 +141,7 @@ class PlanApplier:
         """
         report = ApplyReport()
         by_name = {op.name: op for op in ops}
+        colocated = []
         for op in ops:
             if op.type == "Placeholder":
                 continue
@@ -152,6 +153,9 @@ class PlanApplier:
                 continue
             if any(t.dtype == tf.resource for t in op.inputs):
                 continue  # a resource made inside the step (an iterator, a TensorArray): leave it
+            if _colocation_target(op) is not None:
+                colocated.append(op)  # TensorFlow keeps it with another op: placed after that one
+                continue
             device, by_layer = self.device_for(op.name)
             if device is None:
                 report.unplaced.append(op.name)
@@ -159,6 +163,16 @@ class PlanApplier:
             op._set_device(device)
             report.placed += 1
             report.by_layer += by_layer
+        graph = ops[0].graph if ops else None
+        for op in colocated:
+            target = _colocation_target(op)
+            try:
+                anchor = by_name.get(target) or graph.get_operation_by_name(target)
+            except (KeyError, ValueError):
+                continue
+            if anchor.device:
+                op._set_device(anchor.device)
+                report.placed += 1
         self._order(ops, by_name, report)
         self.last_report = report
         return report
@@ -177,7 +191,9 @@ class PlanApplier:
                 wave = next((int(p[1:]) for p in parts[1:] if p.startswith("w")), -1)
                 shard = next((int(p[1:]) for p in parts[1:] if p.startswith("s")), -1)
                 op = keyed.get((parts[0], wave, shard))
-                if op is not None and op.type != "Placeholder":
+                # Stateful ops are ordered by tf.function itself (automatic control
+                # dependencies in program order); chaining them too could close a cycle.
+                if op is not None and op.type != "Placeholder" and not _stateful(op):
                     sequence.append(op)
             chains.extend(zip(sequence, sequence[1:]))
         if not chains:
@@ -190,6 +206,24 @@ class PlanApplier:
             if before not in after.control_inputs:
                 after._add_control_input(before)
                 report.ordered_edges += 1
+
+
+def _stateful(op: tf.Operation) -> bool:
+    return bool(getattr(op, "_is_stateful", False)) or any(t.dtype == tf.resource for t in op.inputs)
+
+
+def _colocation_target(op: tf.Operation) -> str | None:
+    """The op ``op`` must be colocated with (TensorFlow's ``_class: loc:@name``), if another."""
+    try:
+        groups = op.colocation_groups()
+    except (ValueError, AttributeError):
+        return None
+    for group in groups:
+        name = group.decode() if isinstance(group, bytes) else str(group)
+        name = name[len("loc:@"):] if name.startswith("loc:@") else name
+        if name != op.name:
+            return name
+    return None
 
 
 def _would_cycle(ops: list[tf.Operation], extra: list[tuple[tf.Operation, tf.Operation]]) -> bool:

@@ -12,6 +12,7 @@ once and training continues on the default placement.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -22,7 +23,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from kerasflow import _compat
-from kerasflow.planner import Cluster, OpGraph, Plan, plan as make_plan, simulate
+from kerasflow.planner import Cluster, OpGraph, Plan, baselines, plan as make_plan, simulate
 from kerasflow.planner.errors import InvalidPlanError, KerasflowError
 from kerasflow.profiling.capture import capture_step
 from kerasflow.profiling.profiler import _half, _restore, _snapshot, build_graph, profile_step
@@ -115,6 +116,8 @@ class Driver:
         self._read_back = False
         self._original_step = None
         self._custom_step = False
+        self._spec_full = False
+        self.batch_hint: int | None = None
 
     # ------------------------------------------------------------------ attach
     def attach(self, model) -> None:
@@ -134,7 +137,18 @@ class Driver:
         if self.options.plan is not None:
             self.plan = self.options.plan
             self.applier = PlanApplier(self.plan, None, self.options.devices)
+            self._verify_pending = True
         self._install()
+
+    @contextlib.contextmanager
+    def _unplanned(self):
+        """The model's own ``train_step`` for a while (to read the step as the user wrote it)."""
+        current = self.model.__dict__.get("train_step")
+        object.__setattr__(self.model, "train_step", self._original_step)
+        try:
+            yield
+        finally:
+            object.__setattr__(self.model, "train_step", current)
 
     def _install(self) -> None:
         step = PlannedStep(self.model, self._original_step, self.applier, on_trace=self._record,
@@ -142,45 +156,47 @@ class Driver:
         object.__setattr__(self.model, "train_step", step)
 
     def _record(self, data) -> None:
-        self.spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype)
-                                          if isinstance(t, tf.Tensor) else t, data)
+        spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype) if isinstance(t, tf.Tensor) else t,
+                                     data)
+        full = all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec) if isinstance(s, tf.TensorSpec))
+        if full and self.spec is None or full and self.spec is not None and not self._spec_full:
+            self.spec, self._spec_full = spec, True
+        elif self.spec is None:
+            self.spec, self._spec_full = spec, False  # a relaxed-shape trace: kept until a full one comes
 
-    def prepare_given_plan(self, data) -> None:
-        """For ``plan=``: at the first trace, checks the plan against the model and moves its variables.
+    def _verify_given_plan(self) -> None:
+        """For ``plan=``: after the first step, checks the plan against the model's structure,
+        moves the variables to their planned devices and rebuilds with the full applier.
 
-        Runs eagerly (``tf.init_scope``) inside the trace, so the trace captures the moved
-        variables and applies the plan from the first step.
+        The plan is applied by op name from the first trace; this step adds what needs the
+        traced structure (fingerprint, colocation groups, layer fallbacks).
         """
-        self._record(data)
+        self._verify_pending = False
+        batch = self._zeros_batch()
+        snapshot = _snapshot(self.model)
         try:
-            with tf.init_scope():
-                batch = tf.nest.map_structure(
-                    lambda s: tf.zeros(s.shape, s.dtype) if isinstance(s, tf.TensorSpec) else s, self.spec)
-                snapshot = _snapshot(self.model)
-                try:
-                    graph = capture_step(self.model, batch).ops
-                finally:
-                    _restore(snapshot)
-                structure = build_graph_structure(graph)
-                if self.plan.graph_fingerprint and structure.fingerprint() != self.plan.graph_fingerprint:
-                    message = (f"The plan was made for another model (fingerprint {self.plan.graph_fingerprint}, "
-                               f"this model's {structure.fingerprint()}). Make a plan for this model, or pass "
-                               "on_mismatch='replan' to profile and plan afresh.")
-                    if self.options.on_mismatch == "error":
-                        raise InvalidPlanError(message)
-                    self._warn(message + " Replanning.")
-                    self.options.plan = self.plan = self.applier = None
-                    self._install()
-                    return
-                self.graph = structure
-                self.applier = PlanApplier(self.plan, structure, self.options.devices)
-                move_variables(self.model, group_devices(self.plan, structure), creating=self.creating)
-                self._install()
-                self._read_back = True
-        except InvalidPlanError:
-            raise
-        except Exception as error:  # noqa: BLE001 - never lose the user's training
-            self._fail("applying the given plan", error)
+            with _compat.strategy_scope(self.model), self._unplanned():
+                structure = build_graph_structure(capture_step(self.model, batch).ops)
+        finally:
+            _restore(snapshot)
+        if self.plan.graph_fingerprint and structure.fingerprint() != self.plan.graph_fingerprint:
+            message = (f"The plan was made for another model (fingerprint {self.plan.graph_fingerprint}, this "
+                       f"model's {structure.fingerprint()}). Make a plan for this model, or pass "
+                       "on_mismatch='replan' to profile and plan afresh.")
+            if self.options.on_mismatch == "error":
+                raise InvalidPlanError(message)
+            self._warn(message + " Replanning.")
+            self.options.plan = self.plan = self.applier = None
+            self._install()
+            self.model.make_train_function(force=True)
+            self.step = 0  # warm up and profile afresh
+            return
+        self.graph = structure
+        move_variables(self.model, group_devices(self.plan, structure), creating=self.creating)
+        self.applier = PlanApplier(self.plan, structure, self.options.devices)
+        self._install()
+        self._rebuild()
+        self._read_back = True
 
     # ------------------------------------------------------------------ per step
     def before_step(self) -> None:
@@ -215,8 +231,12 @@ class Driver:
             if self._read_back:
                 self._read_back = False
                 self._read_placement()
-            if self.plan is None and self.step == last:
+            if getattr(self, "_verify_pending", False) and self.spec is not None:
+                self._verify_given_plan()
+            elif self.plan is None and self.step == last:
                 self._plan_and_rebuild()
+        except InvalidPlanError:
+            raise
         except Exception as error:  # noqa: BLE001 - never lose the user's training
             self._fail("planning" if self.plan is None else "rebuilding", error)
         self.step += 1
@@ -233,12 +253,11 @@ class Driver:
         if self.spec is None:
             raise KerasflowError("the training step was never traced, so its inputs are unknown")
         model = self.model
-        batch = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype) if isinstance(s, tf.TensorSpec) else s,
-                                      self.spec)
+        batch = self._zeros_batch()
         snapshot = _snapshot(model)
         try:
             device = self.options.devices[0]
-            with tf.device(device):
+            with _compat.strategy_scope(model), tf.device(device), self._unplanned():
                 big = capture_step(model, batch)
                 result = attribute(times, big.by_name(), {op.name: op.flops for op in big.ops})
                 if result.coverage < 0.5:  # fit's step differs by name: profile the traced step itself
@@ -252,13 +271,10 @@ class Driver:
         self.graph = build_graph(big, small, result.seconds, small_result.seconds if small_result else None, kind,
                                  name=model.name, metadata={"coverage": round(result.coverage, 6),
                                                             "source": "kerasflow in-fit profile"})
-        if self._custom_step:
-            plan = make_plan(self.graph, self.cluster(), split=False, tick_tock="off",
-                             memory_limit=self.options.memory_limit, max_split_evaluations=0)
-        else:
-            plan = make_plan(self.graph, self.cluster(), split=self.options.split, tick_tock=self.options.tick_tock,
-                             memory_limit=self.options.memory_limit,
-                             max_split_evaluations=self.options.max_split_evaluations)
+        custom = self._custom_step
+        plan = make_plan(self.graph, self.cluster(), split=self.options.split and not custom,
+                         tick_tock="off" if custom else self.options.tick_tock, memory_limit=self.options.memory_limit,
+                         max_split_evaluations=self.options.max_split_evaluations, replicated=False)
         plan_seconds = time.perf_counter() - started
         self._use(plan)
         self._summarise(plan, plan_seconds)
@@ -266,15 +282,50 @@ class Driver:
     def _use(self, plan: Plan) -> None:
         """Moves variables, installs the plan-applying step and rebuilds the train function."""
         if plan.data_parallel is not None:
-            # One replica runs here: data parallelism is what MirroredStrategy is for.
-            raise KerasflowError("the best plan is plain data parallelism, which FastTStrategy does not run; "
-                                 "use tf.distribute.MirroredStrategy for it")
+            raise KerasflowError("a data-parallel plan replicates the step; FastTStrategy runs one replica whose "
+                                 "ops it spreads (use tf.distribute.MirroredStrategy for replicas)")
         self.plan = plan
         move_variables(self.model, group_devices(plan, self.graph), creating=self.creating)
         self.applier = PlanApplier(plan, self.graph, self.options.devices)
         self._install()
-        self.model.make_train_function(force=True)
+        self._rebuild()
         self._read_back = True
+
+    def _zeros_batch(self):
+        """A batch of zeros shaped like the traced one (an unknown batch size taken from the data)."""
+        def zeros(spec):
+            if not isinstance(spec, tf.TensorSpec):
+                return spec
+            dims = spec.shape.as_list()
+            if dims and dims[0] is None:
+                if self.batch_hint is None:
+                    raise KerasflowError("the batch size is unknown (the data has a partial last batch); use "
+                                         "FastTStrategy, whose dataset reveals it, or batches of one size")
+                dims[0] = self.batch_hint
+            if any(d is None for d in dims):
+                raise KerasflowError(f"the step's inputs have unknown dimensions {spec.shape}")
+            return tf.zeros(dims, spec.dtype)
+        return tf.nest.map_structure(zeros, self.spec)
+
+    def _rebuild(self) -> None:
+        """Retraces the train function with the plan; if its first run fails (TensorFlow refuses
+        the placement), training goes back to the default placement for that same step."""
+        self.model.make_train_function(force=True)
+        function = self.model.train_function
+        driver = self
+        state = {"first": True}
+
+        def guarded(iterator):
+            if not state["first"]:
+                return function(iterator)
+            state["first"] = False
+            try:
+                return function(iterator)
+            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, tf.errors.InternalError) as error:
+                driver._fail("running the planned step", error)
+                return driver.model.train_function(iterator)
+
+        object.__setattr__(self.model, "train_function", guarded)
 
     def cluster(self) -> Cluster:
         """The cluster planned for: given, the CPU testbed for logical CPUs, else measured."""
@@ -295,7 +346,7 @@ class Driver:
     def _summarise(self, plan: Plan, seconds: float) -> None:
         c = plan.candidates
         single = c.get("single_device")
-        parallel = c.get("data_parallel")
+        parallel = baselines.data_parallel(self.graph, self.cluster()).predicted_step_time
         line = (f"kerasflow: {len(self.options.devices)} devices, planned in {seconds:.1f}s ({plan.algorithm}): "
                 f"predicted step {plan.predicted_step_time * 1e3:.2f} ms")
         if single:
@@ -320,19 +371,29 @@ class Driver:
         context.context().disable_run_metadata()
         if metadata is None or self.applier is None:
             return
-        mismatches = []
+        # A name can appear in several partition graphs (functions instantiated more than
+        # once): an op is where the plan put it if any of its instances is.
+        actual: dict[str, set[str]] = {}
+        planned_of: dict[str, str] = {}
         for partition in metadata.partition_graphs:
             for node in partition.node:
                 name = _strip_call(node.name)
                 if name is None or node.op in ("_Send", "_Recv", "_Arg", "_Retval", "NoOp", "Const"):
                     continue
-                planned, _ = self.applier.device_for(name)
-                base = split_name(name)[0]
-                if planned is None or base not in self.plan.placement and split_name(name)[2] < 0:
+                base, _, shard = split_name(name)
+                if node.op.startswith(_RESOURCE_OPS):
+                    # Runs where its variable lives: compare with the variable's planned home.
+                    planned = self.plan.placement.get(base) if shard < 0 else None
+                else:
+                    planned, _ = self.applier.device_for(name)
+                    if base not in self.plan.placement and shard < 0:
+                        planned = None
+                if planned is None:
                     continue
-                actual = normalize_device(node.device)
-                if actual and actual != planned:
-                    mismatches.append(PlacementMismatch(name, planned, actual))
+                planned_of[name] = planned
+                actual.setdefault(name, set()).add(normalize_device(node.device))
+        mismatches = [PlacementMismatch(name, planned_of[name], ", ".join(sorted(devices)))
+                      for name, devices in sorted(actual.items()) if planned_of[name] not in devices]
         self.mismatches = mismatches
 
     # ------------------------------------------------------------------ messages
@@ -362,11 +423,18 @@ class Driver:
                 pass
 
 
+_RESOURCE_OPS = ("ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+                 "ResourceApply", "ResourceGather", "ResourceScatter", "VarHandleOp", "VarIsInitializedOp")
+
+
 def _strip_call(name: str) -> str | None:
+    """The step's op name inside fit's graph (inlined under a call prefix), else None."""
     parts = name.split("/")
+    stripped = 0
     while parts and (parts[0].startswith(("StatefulPartitionedCall", "PartitionedCall", "__inference"))):
         parts = parts[1:]
-    return "/".join(parts) or None
+        stripped += 1
+    return "/".join(parts) if stripped and parts else None
 
 
 def _is_keras_trainer(cls) -> bool:

@@ -124,6 +124,20 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         tf.distribute.Strategy.__init__(self, extended)
         self._driver = Driver(self._options, creating=extended.creating_on)
 
+    def experimental_distribute_dataset(self, dataset, options=None):
+        self._note_batch(dataset)
+        return super().experimental_distribute_dataset(dataset, options)
+
+    def _note_batch(self, dataset) -> None:
+        """Learns the batch size when the dataset's batch dimension is unknown (partial batches)."""
+        try:
+            if self._driver.batch_hint is None:
+                element = next(iter(dataset.take(1)))
+                first = next(t for t in tf.nest.flatten(element) if hasattr(t, "shape"))
+                self._driver.batch_hint = int(first.shape[0])
+        except Exception:  # noqa: BLE001 - only a hint
+            pass
+
     @property
     def devices(self) -> list[str]:
         """The devices this strategy plans over."""
@@ -139,17 +153,44 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         """The profiled ``OpGraph`` (None until profiled)."""
         return self._driver.graph
 
+    def use_plan(self, plan: Plan | str) -> None:
+        """Uses ``plan`` (a ``Plan`` or a path) from the next ``fit`` instead of profiling.
+
+        For a plan computed after the model was built (for instance from
+        ``kerasflow.profiling.profile_model(model, ...)`` and ``kerasflow.plan``). It is
+        checked against the model as a ``plan=`` argument is.
+
+        Raises:
+            KerasflowError: the plan uses devices this strategy does not have.
+        """
+        if isinstance(plan, (str, os.PathLike)):
+            plan = Plan.load(plan)
+        unknown = sorted(set(plan.devices()) - set(self._options.devices))
+        if unknown:
+            raise KerasflowError(f"The plan uses device(s) {unknown} that this strategy does not have "
+                                 f"({self._options.devices}). Replan for these devices.")
+        self._options.plan = plan
+        self._driver = Driver(self._options, creating=self.extended.creating_on)
+
     def placement_report(self) -> list:
         """Ops that did not land where the plan put them, read from the partition graphs after the
         rebuild (``[]`` when all did; None before the plan is applied)."""
         return self._driver.mismatches
 
     def _intercept(self, fn, args=()):
+        if getattr(fn, "_kerasflow_internal", False):
+            return fn
         inner = fn
         while getattr(inner, "__wrapped__", None) is not None and getattr(inner, "__self__", None) is None:
             inner = inner.__wrapped__  # Strategy.run wraps fn with autograph
+            if getattr(inner, "_kerasflow_internal", False):
+                return fn
         model = getattr(inner, "model", None) or getattr(inner, "__self__", None)
-        if len(self._options.devices) < 2 or getattr(inner, "__name__", "") != "train_step" or model is None:
+        name = getattr(inner, "__name__", "")
+        if name == "run_step" and model is None:  # tf-keras: run_step(data) calls model.train_step(data)
+            model = _model_in_closure(inner)
+            name = "train_step" if model is not None and _is_training(inner) else name
+        if len(self._options.devices) < 2 or name != "train_step" or model is None:
             return fn
         driver = self._driver
         if driver.model is not model and not driver.failed:
@@ -159,11 +200,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             if args:
                 driver._record(args[0])
             if self._options.plan is not None:
-                def first(data):
-                    driver.prepare_given_plan(data)
-                    return model.train_step(data)  # the given plan applies from this first trace
-                first.__name__ = "train_step"
-                return first
+                return model.train_step  # the given plan applies by name from this first trace
         return fn
 
 
@@ -200,3 +237,22 @@ def _canonical(device: str) -> str:
 
 def _known_devices() -> set[str]:
     return {_canonical(d.name) for d in tf.config.list_logical_devices()}
+
+
+def _model_in_closure(function):
+    from kerasflow import _compat
+
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if _compat.is_keras_model(value):
+            return value
+    return None
+
+
+def _is_training(function) -> bool:
+    """True for tf-keras' training ``run_step`` (its code calls ``train_step``)."""
+    code = getattr(function, "__code__", None)
+    return code is not None and "train_step" in code.co_names

@@ -159,11 +159,21 @@ class PlannedStep:
             predictions.append(prediction)
             losses.append(scaled)
             total_gradients = gradients if total_gradients is None else [
-                g if t is None else (t if g is None else t + g) for t, g in zip(total_gradients, gradients)]
+                _add(t, g) for t, g in zip(total_gradients, gradients)]
             start = start + size
         model.optimizer.apply_gradients(zip(total_gradients, variables))
         prediction = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
         return _finish(model, x, y, prediction, sample_weight, tf.add_n(losses))
+
+
+def _add(a, b):
+    """Sums two gradients, sparse ones (embeddings) included."""
+    if a is None or b is None:
+        return b if a is None else a
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0),
+                                a.dense_shape)
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
 def _unpack(data):

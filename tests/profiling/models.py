@@ -3,12 +3,13 @@
 import numpy as np
 
 
-def mlp(keras, units=(32, 16), classes=4, features=8):
+def mlp(keras, units=(32, 16), classes=4, features=8, dropout=True):
     inputs = keras.Input((features,), name="x")
     x = inputs
     for i, n in enumerate(units):
         x = keras.layers.Dense(n, activation="relu", name=f"dense_{i}")(x)
-    x = keras.layers.Dropout(0.1, name="dropout")(x)
+    if dropout:
+        x = keras.layers.Dropout(0.1, name="dropout")(x)
     outputs = keras.layers.Dense(classes, name="logits")(x)
     model = keras.Model(inputs, outputs, name="mlp")
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))

@@ -1,0 +1,238 @@
+"""FastTStrategy and the FastT callback on 4 logical CPUs: same losses as OneDeviceStrategy,
+the plan really applied, and every failure path keeps training."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasflow
+from kerasflow import InvalidPlanError, KerasflowError
+from kerasflow.planner import Cluster, Shard, heft
+from kerasflow.planner.ticktock import with_waves
+from tests.profiling import models
+
+STEPS, BATCH = 20, 16
+CLUSTER = Cluster.preset("cpu-testbed:4")
+
+BUILDERS = {
+    "mlp": (lambda k: models.mlp(k, dropout=False), models.mlp_data, "dense_0"),
+    "cnn": (models.inception_cnn, models.image_data, "branch_b"),
+    "lstm": (models.lstm_model, models.token_data, "logits"),
+    "transformer": (models.transformer_block, models.sequence_data, "ffn"),
+    "cnn_bn": (lambda k: models.inception_cnn(k, batch_norm=True), models.image_data, None),
+}
+
+
+def data_for(name):
+    x, y = BUILDERS[name][1](STEPS * BATCH)
+    return x, y
+
+
+def fit(model, x, y, **kwargs):
+    history = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, **kwargs)
+    return history.history["loss"][-1]
+
+
+def baseline(name):
+    x, y = data_for(name)
+    keras.utils.set_random_seed(7)
+    with tf.distribute.OneDeviceStrategy("/CPU:0").scope():
+        model = BUILDERS[name][0](keras)
+    return fit(model, x, y)
+
+
+def build_under(strategy, name):
+    keras.utils.set_random_seed(7)
+    with strategy.scope():
+        return BUILDERS[name][0](keras)
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_placement_only_matches_one_device(name):
+    x, y = data_for(name)
+    strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", verbose=0)
+    loss = fit(build_under(strategy, name), x, y)
+    assert loss == pytest.approx(baseline(name), rel=1e-5)
+    assert strategy.plan is not None, "the plan was never made"
+    report = strategy.placement_report()
+    assert report == [], [(m, strategy.profile.op(m.op).colocation if m.op in strategy.profile else None) for m in report[:8]]
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "lstm", "transformer"])
+@pytest.mark.parametrize("mode", ["splits", "waves"])
+def test_splits_and_waves_match_one_device(name, mode):
+    x, y = data_for(name)
+    strategy = kerasflow.FastTStrategy(verbose=0)
+    model = build_under(strategy, name)
+    graph = kerasflow.profiling.profile_model(model, (x, y), batch_size=BATCH, steps=1, second_batch=False)
+    if mode == "splits":
+        layer = BUILDERS[name][2]
+        plan = heft(graph, CLUSTER, splits={layer: [Shard("/CPU:1", 0.5), Shard("/CPU:2", 0.5)]})
+    else:
+        plan = with_waves(heft(graph, CLUSTER), graph, CLUSTER)
+    strategy.use_plan(plan)
+    loss = fit(model, x, y)
+    assert loss == pytest.approx(baseline(name), rel=1e-5)
+    assert strategy.plan is plan
+
+
+def test_the_plan_is_applied_where_it_says():
+    x, y = data_for("cnn")
+    strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", verbose=0)
+    model = build_under(strategy, "cnn")
+    graph = kerasflow.profiling.profile_model(model, (x, y), batch_size=BATCH, steps=1, second_batch=False)
+    plan = heft(graph, CLUSTER)
+    # Force a spread: every branch layer on its own device.
+    placement = dict(plan.placement)
+    homes = {"branch_a": "/CPU:1", "branch_b": "/CPU:2", "branch_pool": "/CPU:3"}
+    for op in graph.ops:
+        if op.layer in homes and (op.colocation is None or op.colocation.startswith(op.layer + "/")):
+            placement[op.name] = homes[op.layer]
+    from kerasflow.planner import Plan
+
+    forced = Plan(placement=placement, batch_size=BATCH, graph_fingerprint=graph.fingerprint())
+    forced.validate(graph, CLUSTER)
+    strategy.use_plan(forced)
+    fit(model, x, y)
+    assert strategy.placement_report() == []
+    kernel = next(v for v in model.variables if v.path == "branch_b/kernel")
+    assert kernel.value.device.endswith("CPU:2")  # the variable moved with its layer
+
+
+def test_callback_route_and_loss():
+    x, y = data_for("mlp")
+    keras.utils.set_random_seed(7)
+    model = models.mlp(keras, dropout=False)
+    callback = kerasflow.callbacks.FastT(split=False, tick_tock="off", verbose=0)
+    loss = fit(model, x, y, callbacks=[callback])
+    assert loss == pytest.approx(baseline("mlp"), rel=1e-5)
+    assert callback.plan is not None and callback.placement_report() == []
+
+
+def test_plan_route_from_a_file(tmp_path):
+    x, y = data_for("mlp")
+    keras.utils.set_random_seed(7)
+    model = models.mlp(keras, dropout=False)
+    graph = kerasflow.profiling.profile_model(model, (x, y), batch_size=BATCH, steps=1, second_batch=False)
+    heft(graph, CLUSTER).save(tmp_path / "plan.json")
+    callback = kerasflow.callbacks.FastT(plan=str(tmp_path / "plan.json"), verbose=0)
+    loss = fit(model, x, y, callbacks=[callback])
+    assert loss == pytest.approx(baseline("mlp"), rel=1e-5)
+    assert callback.placement_report() == []
+
+
+def test_a_plan_for_another_model_is_a_clear_error():
+    x, y = data_for("mlp")
+    keras.utils.set_random_seed(7)
+    other = models.mlp(keras, units=(8,), dropout=False)
+    graph = kerasflow.profiling.profile_model(other, (x, y), batch_size=BATCH, steps=1, second_batch=False)
+    plan = heft(graph, CLUSTER)
+    model = models.mlp(keras, dropout=False)
+    with pytest.raises(InvalidPlanError, match="made for another model"):
+        fit(model, x, y, callbacks=[kerasflow.callbacks.FastT(plan=plan, verbose=0)])
+    with pytest.warns(RuntimeWarning, match="Replanning"):
+        fit(models.mlp(keras, dropout=False), x, y,
+            callbacks=[kerasflow.callbacks.FastT(plan=plan, verbose=0, on_mismatch="replan")])
+
+
+def test_tf_keras_models_train_the_same():
+    import tf_keras
+
+    for name in ("mlp", "cnn"):
+        x, y = data_for(name)
+        build = (lambda k: models.mlp(k, dropout=False)) if name == "mlp" else models.inception_cnn
+        tf_keras.utils.set_random_seed(7)
+        with tf.distribute.OneDeviceStrategy("/CPU:0").scope():
+            expected = fit(build(tf_keras), x, y)
+        strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", verbose=0)
+        tf_keras.utils.set_random_seed(7)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with strategy.scope():
+                model = build(tf_keras)
+                loss = fit(model, x, y)
+        assert loss == pytest.approx(expected, rel=1e-5)
+        assert strategy.plan is not None
+        assert not [w for w in caught if "kerasflow" in str(w.message)], "the plan did not run"
+        assert strategy.placement_report() is not None  # read back after the rebuild
+
+
+def test_a_planning_failure_warns_once_and_training_goes_on(monkeypatch):
+    from kerasflow.strategies import driver
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planner exploded")
+
+    monkeypatch.setattr(driver, "make_plan", broken)
+    x, y = data_for("mlp")
+    strategy = kerasflow.FastTStrategy(verbose=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = fit(build_under(strategy, "mlp"), x, y)
+    messages = [str(w.message) for w in caught if "kerasflow" in str(w.message)]
+    assert len(messages) == 1 and "planner exploded" in messages[0] and "training continues" in messages[0]
+    assert loss == pytest.approx(baseline("mlp"), rel=1e-5)
+
+
+def test_a_device_that_does_not_exist_is_refused():
+    with pytest.raises(KerasflowError, match=r"\['/GPU:3'\] that do not exist.*virtual_cpus"):
+        kerasflow.FastTStrategy(devices=["/CPU:0", "/GPU:3"])
+
+
+def test_one_device_warns_and_trains():
+    with pytest.warns(UserWarning, match="behaves like OneDeviceStrategy"):
+        strategy = kerasflow.FastTStrategy(devices=["/CPU:0"])
+    x, y = data_for("mlp")
+    assert fit(build_under(strategy, "mlp"), x, y) == pytest.approx(baseline("mlp"), rel=1e-5)
+
+
+def test_jit_compile_is_turned_off_with_the_reason(capsys):
+    x, y = data_for("mlp")
+    strategy = kerasflow.FastTStrategy(split=False, tick_tock="off")
+    keras.utils.set_random_seed(7)
+    with strategy.scope():
+        model = models.mlp(keras, dropout=False)
+        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      jit_compile=True)
+    fit(model, x, y)
+    out = capsys.readouterr().out
+    assert "jit_compile turned off" in out and "kerasflow: 4 devices" in out
+
+
+def test_custom_train_step_gets_placement_only(capsys):
+    class Custom(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    x, y = data_for("mlp")
+    strategy = kerasflow.FastTStrategy(tick_tock="on")
+    keras.utils.set_random_seed(7)
+    with strategy.scope():
+        inputs = keras.Input((8,))
+        model = Custom(inputs, keras.layers.Dense(4)(keras.layers.Dense(16, activation="relu")(inputs)))
+        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    fit(model, x, y)
+    assert "placement and order are applied" in capsys.readouterr().out
+    assert strategy.plan is not None and strategy.plan.waves is None and not strategy.plan.splits
+
+
+def test_steps_per_execution_partial_batches_evaluate_predict_save(tmp_path):
+    x, y = data_for("mlp")
+    x, y = x[:-5], y[:-5]  # a partial last batch
+    strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", verbose=0)
+    keras.utils.set_random_seed(7)
+    with strategy.scope():
+        model = models.mlp(keras, dropout=False)
+        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=2)
+    fit(model, x, y)
+    assert strategy.plan is not None
+    loss = model.evaluate(x, y, verbose=0)
+    assert np.isfinite(loss)
+    predictions = model.predict(x[:10], verbose=0)
+    model.save(tmp_path / "model.keras")
+    restored = keras.models.load_model(tmp_path / "model.keras")
+    np.testing.assert_allclose(restored.predict(x[:10], verbose=0), predictions, rtol=1e-5, atol=1e-6)
