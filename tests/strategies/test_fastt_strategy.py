@@ -236,3 +236,27 @@ def test_steps_per_execution_partial_batches_evaluate_predict_save(tmp_path):
     model.save(tmp_path / "model.keras")
     restored = keras.models.load_model(tmp_path / "model.keras")
     np.testing.assert_allclose(restored.predict(x[:10], verbose=0), predictions, rtol=1e-5, atol=1e-6)
+
+
+def test_log_dir_files_and_existing_callbacks(tmp_path, capsys):
+    import json
+
+    x, y = data_for("mlp")
+    keras.utils.set_random_seed(7)
+    model = models.mlp(keras, dropout=False)
+    callbacks = [
+        kerasflow.callbacks.FastT(split=False, tick_tock="off", log_dir=str(tmp_path / "kf")),
+        keras.callbacks.ModelCheckpoint(str(tmp_path / "best.keras")),
+        keras.callbacks.EarlyStopping(monitor="loss", patience=5),
+        keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
+        keras.callbacks.TensorBoard(str(tmp_path / "tb")),
+        keras.callbacks.BackupAndRestore(str(tmp_path / "backup")),
+    ]
+    model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False, callbacks=callbacks)
+    assert "kerasflow" not in capsys.readouterr().out  # fit(verbose=0) silences the report line too
+    for name in ("plan.json", "profile.json", "timeline.json"):
+        assert (tmp_path / "kf" / name).exists()
+    assert "traceEvents" in json.loads((tmp_path / "kf" / "timeline.json").read_text())
+    kerasflow.Plan.load(tmp_path / "kf" / "plan.json").validate(kerasflow.OpGraph.load(tmp_path / "kf" / "profile.json"),
+                                                               CLUSTER)
+    assert (tmp_path / "best.keras").exists() and len((tmp_path / "log.csv").read_text().splitlines()) == 3
