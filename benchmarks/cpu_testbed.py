@@ -1,0 +1,128 @@
+"""Measured training on this machine's CPU: FastTStrategy on 2 logical CPUs against the usual setups.
+
+Three setups, each in its own process (TensorFlow's threading is fixed when it starts), run
+in alternation ``--rounds`` times; per setup the median over rounds of the median steady-
+state step time:
+
+- ``default``: TensorFlow's default threading, one device (``OneDeviceStrategy("/CPU:0")``);
+- ``mirrored``: 2 logical CPUs, 1 intra-op thread each, 2 inter-op threads, ``MirroredStrategy``;
+- ``fastt``: the same 2 logical CPUs running ``FastTStrategy``'s plan (a logical CPU then
+  behaves like a device: one op at a time each, side by side).
+
+For FastT it also prints the one-time cost (profile + plan, plus the extra time of the first
+planned step, which retraces) and the planner's predicted step time against the measured one.
+
+Usage:
+    python benchmarks/cpu_testbed.py [--models mlp cnn] [--steps 60] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from _common import format_table, machine
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def worker(setup: str, model_name: str, steps: int) -> dict:
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    sys.path.insert(0, os.path.join(HERE, ".."))
+    import kerasflow
+
+    if setup != "default":
+        kerasflow.devices.virtual_cpus(2, intra_op_threads=1, inter_op_threads=2)
+    import keras
+    import tensorflow as tf
+
+    from profile_zoo import build
+
+    batch = 64 if model_name == "mlp" else 32
+    if setup == "default":
+        strategy = tf.distribute.OneDeviceStrategy("/CPU:0")
+    elif setup == "mirrored":
+        strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
+    else:
+        strategy = kerasflow.FastTStrategy(verbose=0)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model, _ = build({"mlp": "mlp", "cnn": "cnn"}[model_name], keras)
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    shape = model.inputs[0].shape[1:]
+    x = rng.random((steps * batch,) + tuple(shape), dtype=np.float32)
+    y = rng.integers(0, 10, steps * batch)
+    ends = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch_index, logs=None):
+            ends.append(time.perf_counter())
+
+    started = time.perf_counter()
+    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=[Clock()])
+    durations = np.diff([started] + ends)
+    result = {"setup": setup, "model": model_name, "batch": batch}
+    if setup == "fastt":
+        driver = strategy._driver
+        first_planned = driver.options.warmup_steps + driver.options.profile_steps
+        steady = durations[first_planned + 3:]
+        result["predicted"] = strategy.plan.predicted_step_time if strategy.plan else None
+        result["algorithm"] = strategy.plan.algorithm if strategy.plan else "failed"
+        result["one_time"] = float(durations[first_planned - 1] + durations[first_planned] - 2 * np.median(steady))
+    else:
+        steady = durations[5:]
+    result["step"] = float(np.median(steady))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--worker", nargs=2, metavar=("SETUP", "MODEL"))
+    args = parser.parse_args()
+    if args.worker:
+        print("RESULT " + json.dumps(worker(args.worker[0], args.worker[1], args.steps)))
+        return
+    results: dict[tuple[str, str], list[dict]] = {}
+    for _ in range(args.rounds):
+        for model in args.models:
+            for setup in ("default", "mirrored", "fastt"):  # alternating, so drift hits all alike
+                out = subprocess.run([sys.executable, __file__, "--worker", setup, model, "--steps", str(args.steps)],
+                                     capture_output=True, text=True, cwd=HERE)
+                line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
+                if line is None:
+                    raise SystemExit(f"{setup}/{model} failed:\n{out.stderr[-3000:]}")
+                results.setdefault((model, setup), []).append(json.loads(line[7:]))
+                print(f"{model} {setup}: {results[(model, setup)][-1]}", flush=True)
+    rows = []
+    for model in args.models:
+        default = statistics.median(r["step"] for r in results[(model, "default")])
+        for setup in ("default", "mirrored", "fastt"):
+            runs = results[(model, setup)]
+            step = statistics.median(r["step"] for r in runs)
+            batch = runs[0]["batch"]
+            extra = ["", "", "", ""]
+            if setup == "fastt":
+                predicted = statistics.median(r["predicted"] for r in runs if r["predicted"])
+                extra = [runs[-1]["algorithm"], f"{statistics.median(r['one_time'] for r in runs):.2f}",
+                         f"{predicted * 1e3:.2f}", f"{(predicted - step) / step * 100:+.0f}%"]
+            rows.append([model, setup, str(batch), f"{step * 1e3:.2f}", f"{batch / step:,.0f}",
+                         f"{default / step:.2f}x"] + extra)
+    print()
+    print(f"CPU testbed: 2 logical CPUs (1 intra-op thread each, 2 inter-op threads) vs default threading on one "
+          f"device; medians of {args.rounds} alternating rounds of {args.steps} steps ({machine()})")
+    print(format_table(["model", "setup", "batch", "step ms", "samples/s", "vs default", "plan", "one-time s",
+                        "predicted ms", "simulator error"], rows))
+
+
+if __name__ == "__main__":
+    main()
