@@ -149,8 +149,10 @@ def _add_wave_candidates(graph: OpGraph, cluster: Cluster, batch: int, computed:
         consider("single_device+waves", lambda: with_waves(base, graph, cluster, batch=batch))
         return
     if replicated:
-        consider("tick_tock_data_parallel", lambda: tick_tock_data_parallel(graph, cluster, batch=batch))
-    consider("tick_tock_model_parallel", lambda: tick_tock_model_parallel(graph, cluster, batch=batch))
+        consider("tick_tock_data_parallel",
+                 lambda: tick_tock_data_parallel(graph, cluster, batch=batch, base=computed.get("data_parallel")))
+    consider("tick_tock_model_parallel", lambda: tick_tock_model_parallel(
+        graph, cluster, batch=batch, base=computed.get("layerwise_model_parallel")))
     placed = {n: p for n, p in computed.items() if p.data_parallel is None and n != "single_device"}
     if placed:
         name = min(placed, key=lambda n: (placed[n].predicted_step_time, list(placed).index(n)))

@@ -72,8 +72,10 @@ def with_waves(plan: Plan, graph: OpGraph, cluster: Cluster, *, count: int = 2, 
 
 
 def tick_tock_data_parallel(graph: OpGraph, cluster: Cluster, devices: list[str] | None = None,
-                            batch: int | None = None) -> Plan:
+                            batch: int | None = None, base: Plan | None = None) -> Plan:
     """Data parallelism where every device runs both waves of its shard (one all-reduce per step).
+
+    ``base`` reuses a data-parallel plan already made for these devices.
 
     Example:
         >>> from kerasflow.planner import Cluster, synthetic
@@ -81,22 +83,23 @@ def tick_tock_data_parallel(graph: OpGraph, cluster: Cluster, devices: list[str]
         >>> plan.waves.count, len(plan.data_parallel.devices)
         (2, 4)
     """
-    base = baselines.data_parallel(graph, cluster, devices, batch)
+    base = base or baselines.data_parallel(graph, cluster, devices, batch)
     return with_waves(base, graph, cluster, batch=batch, algorithm="tick_tock_data_parallel")
 
 
-def _stages(graph: OpGraph, cluster: Cluster, stages: int | None, batch: int | None) -> tuple[Plan, list[str]]:
+def _stages(graph: OpGraph, cluster: Cluster, stages: int | None, batch: int | None,
+            base: Plan | None = None) -> tuple[Plan, list[str]]:
     count = stages or len(cluster)
     if not 1 <= count <= len(cluster):
         raise InvalidPlanError(f"stages must be between 1 and {len(cluster)} (the devices); received {stages!r}.")
     devices = cluster.device_names[:count]
-    plan = baselines.layerwise_model_parallel(graph, cluster, devices, batch)
+    plan = base or baselines.layerwise_model_parallel(graph, cluster, devices, batch)
     used = set(plan.placement.values())
     return plan, [d for d in devices if d in used]
 
 
 def tick_tock_model_parallel(graph: OpGraph, cluster: Cluster, stages: int | None = None,
-                             batch: int | None = None) -> Plan:
+                             batch: int | None = None, base: Plan | None = None) -> Plan:
     """Layer-wise model parallelism in Tick-Tock: stage i runs on device i in the tick wave and
     on device S-1-i in the tock wave.
 
@@ -109,7 +112,7 @@ def tick_tock_model_parallel(graph: OpGraph, cluster: Cluster, stages: int | Non
         >>> dict(plan.waves.stage_maps[1])
         {'/GPU:0': '/GPU:1', '/GPU:1': '/GPU:0'}
     """
-    base, order = _stages(graph, cluster, stages, batch)
+    base, order = _stages(graph, cluster, stages, batch, base)
     reverse = {device: order[len(order) - 1 - i] for i, device in enumerate(order)}
     return with_waves(base, graph, cluster, stage_maps=({}, reverse), batch=batch,
                       algorithm="tick_tock_model_parallel")

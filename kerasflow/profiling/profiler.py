@@ -23,7 +23,8 @@ from kerasflow.planner.graph import Affine, Edge, Op, OpGraph
 from kerasflow.profiling.capture import CapturedStep, capture_step
 from kerasflow.profiling.xplane import StepProfiler, attribute
 
-__all__ = ["profile_model", "first_batch", "check_model", "build_graph", "profile_step"]
+__all__ = ["profile_model", "first_batch", "check_model", "build_graph", "profile_step", "half_batch",
+           "snapshot_variables", "restore_variables"]
 
 
 def check_model(model: Any) -> None:
@@ -67,12 +68,13 @@ def first_batch(data: Any, batch_size: int | None = None) -> tuple:
     return tensors
 
 
-def _half(batch: tuple) -> tuple:
+def half_batch(batch: tuple) -> tuple:
+    """The first half of a batch (at least one sample)."""
     n = int(tf.nest.flatten(batch)[0].shape[0])
     return tf.nest.map_structure(lambda t: t[: max(1, n // 2)], batch)
 
 
-def _snapshot(model) -> list[tuple[Any, np.ndarray]]:
+def snapshot_variables(model) -> list[tuple[Any, np.ndarray]]:
     """Every variable's value, the optimizer built first so its slots are included."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not getattr(optimizer, "built", True) and hasattr(optimizer, "build"):
@@ -83,7 +85,8 @@ def _snapshot(model) -> list[tuple[Any, np.ndarray]]:
     return [(v, np.array(v.numpy())) for v in variables]
 
 
-def _restore(snapshot) -> None:
+def restore_variables(snapshot) -> None:
+    """Puts back the values ``snapshot_variables`` recorded."""
     for variable, value in snapshot:
         variable.assign(value)
 
@@ -193,7 +196,7 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
     kind = device_kind(device)
     batch = first_batch(data, batch_size)
     say = progress or (lambda message: None)
-    snapshot = _snapshot(model)
+    snapshot = snapshot_variables(model)
     scope = _compat.strategy_scope(model)
     scope.__enter__()
     try:
@@ -201,7 +204,7 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
         try:
             with tf.device(device):
                 big = capture_step(model, batch)
-                small = capture_step(model, _half(batch)) if second_batch and big.batch_size > 1 else None
+                small = capture_step(model, half_batch(batch)) if second_batch and big.batch_size > 1 else None
         except (ValueError, TypeError, tf.errors.InvalidArgumentError) as error:
             shapes = [tuple(t.shape) for t in tf.nest.flatten(batch)]
             expected = [getattr(i, "shape", None) for i in getattr(model, "inputs", None) or []]
@@ -214,9 +217,9 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
         result_small = None
         if small is not None:
             say(f"profiling {steps} steps at batch {small.batch_size}")
-            result_small, _, _ = profile_step(small, _half(batch), warmup_steps, steps, device)
+            result_small, _, _ = profile_step(small, half_batch(batch), warmup_steps, steps, device)
     finally:
-        _restore(snapshot)
+        restore_variables(snapshot)
         scope.__exit__(None, None, None)
     metadata = {
         "source": "kerasflow.profiling.profile_model",

@@ -26,7 +26,7 @@ from kerasflow import _compat
 from kerasflow.planner import Cluster, OpGraph, Plan, baselines, plan as make_plan, simulate
 from kerasflow.planner.errors import InvalidPlanError, KerasflowError
 from kerasflow.profiling.capture import capture_step
-from kerasflow.profiling.profiler import _half, _restore, _snapshot, build_graph, profile_step
+from kerasflow.profiling.profiler import half_batch, restore_variables, snapshot_variables, build_graph, profile_step
 from kerasflow.profiling.xplane import StepProfiler, attribute
 from kerasflow.strategies.applier import PlanApplier, normalize_device, split_name
 from kerasflow.strategies.steps import PlannedStep
@@ -117,6 +117,7 @@ class Driver:
         self._original_step = None
         self._custom_step = False
         self._spec_full = False
+        self._verify_pending = False
         self.batch_hint: int | None = None
 
     # ------------------------------------------------------------------ attach
@@ -173,12 +174,12 @@ class Driver:
         """
         self._verify_pending = False
         batch = self._zeros_batch()
-        snapshot = _snapshot(self.model)
+        snapshot = snapshot_variables(self.model)
         try:
             with _compat.strategy_scope(self.model), self._unplanned():
                 structure = build_graph_structure(capture_step(self.model, batch).ops)
         finally:
-            _restore(snapshot)
+            restore_variables(snapshot)
         if self.plan.graph_fingerprint and structure.fingerprint() != self.plan.graph_fingerprint:
             message = (f"The plan was made for another model (fingerprint {self.plan.graph_fingerprint}, this "
                        f"model's {structure.fingerprint()}). Make a plan for this model, or pass "
@@ -231,7 +232,7 @@ class Driver:
             if self._read_back:
                 self._read_back = False
                 self._read_placement()
-            if getattr(self, "_verify_pending", False) and self.spec is not None:
+            if self._verify_pending and self.spec is not None:
                 self._verify_given_plan()
             elif self.plan is None and self.step == last:
                 self._plan_and_rebuild()
@@ -254,7 +255,7 @@ class Driver:
             raise KerasflowError("the training step was never traced, so its inputs are unknown")
         model = self.model
         batch = self._zeros_batch()
-        snapshot = _snapshot(model)
+        snapshot = snapshot_variables(model)
         try:
             device = self.options.devices[0]
             with _compat.strategy_scope(model), tf.device(device), self._unplanned():
@@ -262,11 +263,11 @@ class Driver:
                 result = attribute(times, big.by_name(), {op.name: op.flops for op in big.ops})
                 if result.coverage < 0.5:  # fit's step differs by name: profile the traced step itself
                     result, _, _ = profile_step(big, batch, 2, self.options.profile_steps, device)
-                small = capture_step(model, _half(batch)) if big.batch_size > 1 else None
-                small_result = (profile_step(small, _half(batch), 2, self.options.profile_steps, device)[0]
+                small = capture_step(model, half_batch(batch)) if big.batch_size > 1 else None
+                small_result = (profile_step(small, half_batch(batch), 2, self.options.profile_steps, device)[0]
                                 if small is not None else None)
         finally:
-            _restore(snapshot)
+            restore_variables(snapshot)
         kind = self.cluster().devices[0].kind
         self.graph = build_graph(big, small, result.seconds, small_result.seconds if small_result else None, kind,
                                  name=model.name, metadata={"coverage": round(result.coverage, 6),

@@ -3,7 +3,7 @@
 import pytest
 
 from kerasflow.planner import (
-    Cluster, Device, InsufficientMemoryError, Link, OpGraph, Plan, cpop, heft, simulate, synthetic,
+    Cluster, Device, InsufficientMemoryError, Link, OpGraph, cpop, heft, simulate, synthetic,
 )
 from kerasflow.planner.listschedule import list_schedule, memory_budgets, scheduling_tasks
 from tests.planner.helpers import cluster, op

@@ -1,6 +1,5 @@
 """Tests of FastT's critical-path op splitting and of plan(), with hand-computed answers."""
 
-import json
 
 import pytest
 

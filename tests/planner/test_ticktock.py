@@ -1,6 +1,5 @@
 """Hand-computed tests of Tick-Tock waves, pipelines, and the largest batch that fits."""
 
-import warnings
 
 import pytest
 
