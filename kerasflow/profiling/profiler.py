@@ -24,7 +24,7 @@ from kerasflow.profiling.capture import CapturedStep, capture_step
 from kerasflow.profiling.xplane import StepProfiler, attribute
 
 __all__ = ["profile_model", "first_batch", "check_model", "build_graph", "profile_step", "half_batch",
-           "snapshot_variables", "restore_variables"]
+           "snapshot_variables", "restore_variables", "with_dispatch_overhead", "time_step"]
 
 
 def check_model(model: Any) -> None:
@@ -119,6 +119,43 @@ def profile_step(step: CapturedStep, batch: tuple, warmup_steps: int, steps: int
     ops = step.by_name()
     result = attribute(times, ops, {op.name: op.flops for op in step.ops})
     return result, float(np.median(plain)), float(np.median(profiled))
+
+
+_NOT_EXECUTED = ("Placeholder", "Const", "NoOp")
+
+
+def with_dispatch_overhead(seconds: dict[str, float], step: CapturedStep, plain_step: float) -> tuple[dict, float]:
+    """Per-op costs with TensorFlow's dispatch overhead spread over the executed ops.
+
+    Kernel times leave out the executor's work around each op (scheduling, allocation,
+    bookkeeping: microseconds per op on CPU). The gap between a plain step's wall time and the
+    sum of its kernel times is shared equally by the ops that run, so one device's simulated
+    step matches its measured one.
+
+    Returns:
+        ``(seconds with the overhead, overhead per executed op)``.
+    """
+    executed = [op.name for op in step.ops if op.type not in _NOT_EXECUTED]
+    if not executed:
+        return dict(seconds), 0.0
+    gap = plain_step - sum(seconds.values())
+    per_op = max(gap, 0.0) / len(executed)
+    adjusted = dict(seconds)
+    for name in executed:
+        adjusted[name] = adjusted.get(name, 0.0) + per_op
+    return adjusted, per_op
+
+
+def time_step(step: CapturedStep, batch: tuple, steps: int, device: str) -> float:
+    """Median wall time of ``steps`` unprofiled runs of the traced step (after one warm-up)."""
+    with tf.device(device):
+        step.function(batch)
+        runs = []
+        for _ in range(steps):
+            started = time.perf_counter()
+            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, step.function(batch))
+            runs.append(time.perf_counter() - started)
+    return float(np.median(runs))
 
 
 def _affine(value_big: float, batch_big: int, value_small: float | None, batch_small: int | None) -> Affine:
@@ -217,7 +254,7 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
         result_small = None
         if small is not None:
             say(f"profiling {steps} steps at batch {small.batch_size}")
-            result_small, _, _ = profile_step(small, half_batch(batch), warmup_steps, steps, device)
+            result_small, plain_small, _ = profile_step(small, half_batch(batch), warmup_steps, steps, device)
     finally:
         restore_variables(snapshot)
         scope.__exit__(None, None, None)
@@ -240,5 +277,9 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
             metadata["memory"] = "tensor sizes; measured_peak_bytes from tf.config.experimental.get_memory_info"
         except (ValueError, RuntimeError):
             pass
-    return build_graph(big, small, result_big.seconds, result_small.seconds if result_small else None, kind,
-                       name=model.name, metadata=metadata)
+    seconds_big, overhead = with_dispatch_overhead(result_big.seconds, big, plain)
+    seconds_small = None
+    if result_small is not None:
+        seconds_small, _ = with_dispatch_overhead(result_small.seconds, small, plain_small)
+    metadata["dispatch_overhead_per_op_seconds"] = overhead
+    return build_graph(big, small, seconds_big, seconds_small, kind, name=model.name, metadata=metadata)

@@ -26,7 +26,9 @@ from kerasflow import _compat
 from kerasflow.planner import Cluster, OpGraph, Plan, baselines, plan as make_plan, simulate
 from kerasflow.planner.errors import InvalidPlanError, KerasflowError
 from kerasflow.profiling.capture import capture_step
-from kerasflow.profiling.profiler import half_batch, restore_variables, snapshot_variables, build_graph, profile_step
+from kerasflow.profiling.profiler import (
+    build_graph, half_batch, profile_step, restore_variables, snapshot_variables, time_step, with_dispatch_overhead,
+)
 from kerasflow.profiling.xplane import StepProfiler, attribute
 from kerasflow.strategies.applier import PlanApplier, normalize_device, split_name
 from kerasflow.strategies.steps import PlannedStep
@@ -262,16 +264,22 @@ class Driver:
                 big = capture_step(model, batch)
                 result = attribute(times, big.by_name(), {op.name: op.flops for op in big.ops})
                 if result.coverage < 0.5:  # fit's step differs by name: profile the traced step itself
-                    result, _, _ = profile_step(big, batch, 2, self.options.profile_steps, device)
+                    result, plain, _ = profile_step(big, batch, 2, self.options.profile_steps, device)
+                else:
+                    plain = time_step(big, batch, self.options.profile_steps, device)
+                seconds, overhead = with_dispatch_overhead(result.seconds, big, plain)
                 small = capture_step(model, half_batch(batch)) if big.batch_size > 1 else None
-                small_result = (profile_step(small, half_batch(batch), 2, self.options.profile_steps, device)[0]
-                                if small is not None else None)
+                small_seconds = None
+                if small is not None:
+                    small_result, small_plain, _ = profile_step(small, half_batch(batch), 2,
+                                                                self.options.profile_steps, device)
+                    small_seconds, _ = with_dispatch_overhead(small_result.seconds, small, small_plain)
         finally:
             restore_variables(snapshot)
         kind = self.cluster().devices[0].kind
-        self.graph = build_graph(big, small, result.seconds, small_result.seconds if small_result else None, kind,
-                                 name=model.name, metadata={"coverage": round(result.coverage, 6),
-                                                            "source": "kerasflow in-fit profile"})
+        self.graph = build_graph(big, small, seconds, small_seconds, kind, name=model.name,
+                                 metadata={"coverage": round(result.coverage, 6), "source": "kerasflow in-fit profile",
+                                           "dispatch_overhead_per_op_seconds": overhead})
         custom = self._custom_step
         plan = make_plan(self.graph, self.cluster(), split=self.options.split and not custom,
                          tick_tock="off" if custom else self.options.tick_tock, memory_limit=self.options.memory_limit,
