@@ -1,6 +1,6 @@
-"""The ``kerasflow`` command: compare strategies, simulate plans and list clusters on saved files.
+"""The ``kerasflow`` command: plan, compare, simulate and show plans; profile saved models.
 
-None of these subcommands imports TensorFlow.
+Only ``kerasflow profile`` imports TensorFlow; the others work on JSON files.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import sys
 from typing import Sequence
 
 from kerasflow.planner import Cluster, KerasflowError, OpGraph, Plan, baselines, simulate, synthetic
-from kerasflow.planner.planning import candidate_plans
+from kerasflow.planner.planning import TICK_TOCK_MODES, candidate_plans, plan as make_plan
+from kerasflow.planner.report import format_bytes, format_table
 from kerasflow.planner.hardware import DEVICE_SPECS
 
-__all__ = ["main", "comparison_rows", "format_table", "label"]
+__all__ = ["main", "comparison_rows", "label"]
 
 
 def _graph(args) -> OpGraph:
@@ -22,29 +23,6 @@ def _graph(args) -> OpGraph:
     if not args.profile:
         raise KerasflowError("Give a PROFILE.json, or --synthetic FAMILY to use a built-in graph.")
     return OpGraph.load(args.profile)
-
-
-def _bytes(value: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{value:.0f} B"
-        value /= 1024
-    return f"{value:.1f} TiB"
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A plain-text table with aligned columns, in the style of ``model.summary()``.
-
-    Example:
-        >>> print(format_table(["a", "b"], [["1", "22"]]))
-        a  b
-        ─────
-        1  22
-    """
-    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    rule = "─" * (sum(widths) + 2 * (len(widths) - 1))
-    return "\n".join([line(headers), rule] + [line(r) for r in rows])
 
 
 _LABELS = {
@@ -100,23 +78,45 @@ def _compare(args) -> int:
     batch = args.batch_size or graph.batch_size
     rows = comparison_rows(graph, cluster, batch)
     single = next((r["step_time"] for r in rows if r["name"] == "single device"), None)
+    largest = _largest_batches(graph, cluster) if args.max_batch else {}
     table = []
     for row in rows:
         time, memory = row["step_time"], row["peak_memory"]
         if time is None:
-            table.append([row["name"], "", "", "", "", "NO" if row.get("fits") is False else ""])
+            table.append([row["name"], "", "", "", "", "NO" if row.get("fits") is False else "", ""])
             continue
         speedup = f"{single / time:.2f}x" if single else ""
-        table.append([row["name"], f"{time * 1e3:.3f}", speedup, f"{batch / time:,.1f}",
-                      "" if memory is None else _bytes(memory), "" if memory is None else "yes"])
+        peaks = "" if row["plan"] is None else " ".join(
+            f"{row['plan'].predicted_peak_memory.get(d, 0.0) / 2**20:.0f}" for d in cluster.device_names)
+        table.append([row["name"], f"{time * 1e3:.3f}", speedup, f"{batch / time:,.1f}", peaks,
+                      "" if memory is None else "yes", largest.get(row["name"], "")])
     print(f"Graph {graph.name or args.profile!r}: {len(graph)} ops, {len(graph.edges)} edges, batch {batch}; "
           f"cluster {cluster.name!r}: {len(cluster)} x {'/'.join(cluster.kinds())}")
-    print(format_table(["strategy", "step (ms)", "speedup", "samples/s", "peak memory", "fits"], table))
+    headers = ["strategy", "step (ms)", "speedup", "samples/s", "peak MiB per device", "fits"]
+    if largest:
+        headers.append("largest batch")
+    print(format_table(headers, [r[:len(headers)] for r in table]))
     if args.trace:
         best = next(r for r in rows if r["name"].startswith("kerasflow plan"))
         simulate(graph, cluster, best["plan"], batch=batch).save_chrome_trace(args.trace)
         print(f"Timeline of the kerasflow plan written to {args.trace}.")
     return 0
+
+
+def _largest_batches(graph: OpGraph, cluster: Cluster) -> dict[str, str]:
+    """Largest batch that fits, per baseline row label (the memory-bound comparison)."""
+    from kerasflow.planner.ticktock import max_batch
+
+    found = {}
+    for strategy, row in (("data_parallel", "data-parallel"), ("layerwise_model_parallel", "layer-wise model-parallel"),
+                          ("tick_tock_data_parallel", "Tick-Tock data-parallel"),
+                          ("tick_tock_model_parallel", "Tick-Tock model-parallel")):
+        try:
+            batch = max_batch(graph, cluster, strategy, largest=1 << 20).batch
+            found[row] = f">= {batch}" if batch >= 1 << 20 else str(batch)
+        except KerasflowError:
+            found[row] = "none"
+    return found
 
 
 def _simulate(args) -> int:
@@ -125,12 +125,50 @@ def _simulate(args) -> int:
     plan = Plan.load(args.plan)
     result = simulate(graph, cluster, plan, batch=args.batch_size)
     print(f"Predicted step time: {result.makespan * 1e3:.3f} ms")
-    rows = [[d, f"{result.busy[d] * 1e3:.3f}", f"{result.utilization[d] * 100:.1f}%", _bytes(result.peak_memory[d])]
+    rows = [[d, f"{result.busy[d] * 1e3:.3f}", f"{result.utilization[d] * 100:.1f}%", format_bytes(result.peak_memory[d])]
             for d in cluster.device_names]
     print(format_table(["device", "busy (ms)", "utilisation", "peak memory"], rows))
     if args.trace:
         result.save_chrome_trace(args.trace)
         print(f"Timeline written to {args.trace} (open in chrome://tracing or Perfetto).")
+    return 0
+
+
+def _plan(args) -> int:
+    graph = _graph(args)
+    cluster = Cluster.resolve(args.cluster)
+    best = make_plan(graph, cluster, batch_size=args.batch_size, split=not args.no_split, tick_tock=args.tick_tock,
+                     memory_limit=args.memory_limit)
+    best.save(args.output)
+    best.summary(graph, cluster)
+    print(f"Plan written to {args.output}.")
+    if args.trace:
+        simulate(graph, cluster, best).save_chrome_trace(args.trace)
+        print(f"Timeline written to {args.trace} (open in chrome://tracing or Perfetto).")
+    return 0
+
+
+def _show(args) -> int:
+    plan = Plan.load(args.plan)
+    graph = OpGraph.load(args.profile) if args.profile else None
+    cluster = Cluster.resolve(args.cluster) if args.cluster else None
+    if (graph is None) != (cluster is None):
+        raise KerasflowError("Give both --profile and --cluster to show busy shares, or neither.")
+    if graph is not None:
+        plan.validate(graph, cluster)
+    plan.summary(graph, cluster)
+    return 0
+
+
+def _profile(args) -> int:
+    from kerasflow.profiling.saved import profile_saved_model
+
+    graph = profile_saved_model(args.model, batch_size=args.batch_size, input_shapes=args.input_shape,
+                                steps=args.steps)
+    graph.save(args.output)
+    meta = graph.metadata
+    print(f"Profiled {args.model!r} at batch {args.batch_size}: {len(graph)} ops, coverage "
+          f"{meta.get('coverage', 0) * 100:.1f}%, {meta.get('profile_seconds', 0):.1f} s. Written to {args.output}.")
     return 0
 
 
@@ -140,11 +178,11 @@ def _clusters(args) -> int:
         cluster = Cluster.preset(name.replace(":N", ":4"))
         device = cluster.devices[0]
         link = cluster.slowest_link()
-        rows.append([name, str(len(cluster)) if ":N" not in name else "N", device.kind, _bytes(device.memory),
+        rows.append([name, str(len(cluster)) if ":N" not in name else "N", device.kind, format_bytes(device.memory),
                      f"{link.bandwidth / 1e9:g} GB/s", f"{link.latency * 1e6:g} us"])
     print(format_table(["preset", "devices", "kind", "memory each", "slowest link", "latency"], rows))
     print()
-    specs = [[s.kind, f"{s.peak_flops / 1e12:g}", f"{s.memory_bandwidth / 1e9:g}", _bytes(s.memory)]
+    specs = [[s.kind, f"{s.peak_flops / 1e12:g}", f"{s.memory_bandwidth / 1e9:g}", format_bytes(s.memory)]
              for s in DEVICE_SPECS.values()]
     print(format_table(["kind", "FP32 TFLOP/s", "memory GB/s", "memory"], specs))
     return 0
@@ -172,11 +210,33 @@ def _parser() -> argparse.ArgumentParser:
 
     compare = commands.add_parser("compare", help="predicted step time of each strategy on a cluster")
     graph_arguments(compare)
+    compare.add_argument("--max-batch", action="store_true",
+                         help="also find the largest batch each baseline fits in memory (slower)")
     compare.set_defaults(run=_compare)
     sim = commands.add_parser("simulate", help="simulate a saved plan")
     graph_arguments(sim)
     sim.add_argument("--plan", required=True, help="a plan JSON file")
     sim.set_defaults(run=_simulate)
+    planner = commands.add_parser("plan", help="compute the best plan for a profile on a cluster")
+    graph_arguments(planner)
+    planner.add_argument("--tick-tock", choices=TICK_TOCK_MODES, default="auto", help="Tick-Tock waves (default auto)")
+    planner.add_argument("--no-split", action="store_true", help="do not split layers across devices")
+    planner.add_argument("--memory-limit", type=float, default=None, help="bytes of memory per device at most")
+    planner.add_argument("-o", "--output", required=True, help="where to write the plan JSON")
+    planner.set_defaults(run=_plan)
+    show = commands.add_parser("show", help="summarise a plan: devices, layers, busy shares, splits, waves")
+    show.add_argument("plan", help="a plan JSON file")
+    show.add_argument("--profile", help="the profile it was made for (to name layers and simulate busy shares)")
+    show.add_argument("--cluster", help="the cluster (preset or JSON), with --profile")
+    show.set_defaults(run=_show)
+    profile = commands.add_parser("profile", help="profile a saved Keras model on synthetic data")
+    profile.add_argument("model", help="a saved model (.keras)")
+    profile.add_argument("--batch-size", type=int, required=True, help="the batch to profile")
+    profile.add_argument("--input-shape", action="append", default=None,
+                         help="an input's shape without the batch, e.g. 32,32,3 (repeat per input; default: the model's)")
+    profile.add_argument("--steps", type=int, default=3, help="profiled steps (default 3)")
+    profile.add_argument("-o", "--output", required=True, help="where to write the profile JSON")
+    profile.set_defaults(run=_profile)
     clusters = commands.add_parser("clusters", help="the cluster presets and device figures")
     clusters.set_defaults(run=_clusters)
     synth = commands.add_parser("synthetic", help="write a built-in synthetic graph as a profile JSON")

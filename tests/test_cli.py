@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kerasflow.cli import main
-from kerasflow.planner import Cluster, plan, synthetic
+from kerasflow.planner import Cluster, Plan, plan, simulate, synthetic
 
 
 def test_compare_prints_every_strategy_and_the_plan(capsys):
@@ -66,3 +66,63 @@ def test_malformed_profile_exits_2(tmp_path, capsys):
     bad.write_text("{not json")
     assert main(["compare", str(bad), "--cluster", "2xK80-pcie"]) == 2
     assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_plan_and_show(tmp_path, capsys):
+    profile = tmp_path / "profile.json"
+    assert main(["synthetic", "mlp", "-o", str(profile)]) == 0
+    out_plan = tmp_path / "plan.json"
+    assert main(["plan", str(profile), "--cluster", "4xV100-nvlink", "--tick-tock", "off", "--no-split",
+                 "-o", str(out_plan), "--trace", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    plan = Plan.load(out_plan)
+    assert plan.waves is None and not plan.splits
+    assert f"{plan.predicted_step_time * 1e3:.3f} ms" in out and "Plan written to" in out
+    assert main(["show", str(out_plan)]) == 0
+    shown = capsys.readouterr().out
+    assert all(device in shown for device in plan.devices())
+    assert main(["show", str(out_plan), "--profile", str(profile), "--cluster", "4xV100-nvlink"]) == 0
+    assert "%" in capsys.readouterr().out
+    assert main(["show", str(out_plan), "--profile", str(profile)]) == 2
+
+
+def test_compare_largest_batches(capsys):
+    assert main(["compare", "--synthetic", "mlp", "--cluster", "2xK80-pcie", "--max-batch"]) == 0
+    assert "largest batch" in capsys.readouterr().out
+
+
+def test_profile_a_saved_model(tmp_path, capsys):
+    import keras
+
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Dense(3, name="out")(keras.layers.Dense(8, name="hidden")(inputs)))
+    model.compile(optimizer="sgd", loss="mse")
+    model.save(tmp_path / "model.keras")
+    assert main(["profile", str(tmp_path / "model.keras"), "--batch-size", "8", "--steps", "1",
+                 "-o", str(tmp_path / "profile.json")]) == 0
+    from kerasflow.planner import OpGraph
+
+    graph = OpGraph.load(tmp_path / "profile.json")
+    assert {"hidden", "out"} <= {op.layer for op in graph.ops} and graph.batch_size == 8
+    assert main(["profile", str(tmp_path / "missing.keras"), "--batch-size", "8", "-o", "x.json"]) == 2
+    assert main(["profile", str(tmp_path / "model.keras"), "--batch-size", "8", "--input-shape", "a,b",
+                 "-o", "x.json"]) == 2
+
+
+def test_plan_summary_on_a_known_plan():
+    from kerasflow.planner import OpGraph, Shard, Waves
+    from tests.planner.helpers import cluster, op
+
+    graph = OpGraph([op("a", 1.0, [4], layer="L1"), op("b", (0.0, 1.0), [], layer="L2", batch_axis=0)],
+                    [("a", "b", 0)], batch_size=2)
+    c = cluster(2)
+    plan = Plan(placement={"a": "/D:0", "b": "/D:0"}, splits={"L2": [Shard("/D:0", 0.5), Shard("/D:1", 0.5)]},
+                waves=Waves(2, stage_maps=({}, {"/D:0": "/D:1", "/D:1": "/D:0"})), algorithm="hand",
+                predicted_step_time=2.0, batch_size=2, candidates={"hand": 2.0})
+    text = plan.summary(graph, c, print_fn=None)
+    assert text.splitlines()[0] == 'Plan "hand", batch 2: predicted step 2000.000 ms (1 samples/s)'
+    assert "L2: /D:0 50%, /D:1 50%" in text
+    assert "Waves: 2 (Tick-Tock, forward offset); wave 1 runs /D:0->/D:1, /D:1->/D:0" in text
+    trace = simulate(graph, c, plan).to_chrome_trace()
+    names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert {"b@w0@s0", "b@w1@s1"} <= names  # waves and shards visible by name

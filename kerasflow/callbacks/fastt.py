@@ -48,6 +48,10 @@ class FastT(keras.callbacks.Callback):
                                  "TensorFlow starts, or pass devices= with existing ones.")
         if isinstance(plan, (str, os.PathLike)):
             plan = Plan.load(plan)
+        if plan is not None:
+            from kerasflow.strategies.fastt_strategy import _check_single_replica
+
+            _check_single_replica(plan)
         if isinstance(cluster, str):
             cluster = Cluster.resolve(cluster)
         self.options = Options.build(devices, cluster=cluster, plan=plan, warmup_steps=warmup_steps,

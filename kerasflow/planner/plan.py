@@ -247,6 +247,29 @@ class Plan:
 
         build_task_graph(graph, cluster, self)
 
+    def summary(self, graph=None, cluster=None, print_fn=print) -> str:
+        """Prints (and returns) a Keras-style summary: per device its layers, busy share and
+        peak memory; split layers; waves; every candidate's predicted step time.
+
+        Args:
+            graph: the profiled graph, to name layers and simulate busy shares.
+            cluster: the cluster, with ``graph``.
+            print_fn: where the text goes (None: only returned).
+
+        Example:
+            >>> from kerasflow.planner import Cluster, baselines, synthetic
+            >>> graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
+            >>> text = baselines.single_device(graph, cluster).summary(graph, cluster, print_fn=None)
+            >>> "/GPU:0" in text and "100%" in text
+            True
+        """
+        from kerasflow.planner.report import plan_summary
+
+        text = plan_summary(self, graph, cluster)
+        if print_fn is not None:
+            print_fn(text)
+        return text
+
     def with_predictions(self, **fields) -> "Plan":
         """A copy with some fields replaced (``dataclasses.replace``)."""
         return dataclasses.replace(self, **fields)

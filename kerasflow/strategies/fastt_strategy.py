@@ -107,6 +107,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
                 raise KerasflowError(f"The cluster {cluster.name!r} has no device(s) {absent}; its devices are "
                                      f"{cluster.device_names}.")
         if plan is not None:
+            _check_single_replica(plan)
             unknown = sorted(set(plan.devices()) - set(devices))
             if unknown:
                 raise KerasflowError(f"The plan uses device(s) {unknown} that this strategy does not have "
@@ -165,6 +166,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         """
         if isinstance(plan, (str, os.PathLike)):
             plan = Plan.load(plan)
+        _check_single_replica(plan)
         unknown = sorted(set(plan.devices()) - set(self._options.devices))
         if unknown:
             raise KerasflowError(f"The plan uses device(s) {unknown} that this strategy does not have "
@@ -256,3 +258,11 @@ def _is_training(function) -> bool:
     """True for tf-keras' training ``run_step`` (its code calls ``train_step``)."""
     code = getattr(function, "__code__", None)
     return code is not None and "train_step" in code.co_names
+
+
+def _check_single_replica(plan: Plan) -> None:
+    if plan.data_parallel is not None:
+        raise KerasflowError(
+            "This plan is data parallelism (one replica of the step per device); FastTStrategy runs one replica "
+            "and spreads its ops. Make the plan with kerasflow.plan(..., replicated=False), or train it with "
+            "tf.distribute.MirroredStrategy.")
