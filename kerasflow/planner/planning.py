@@ -13,6 +13,7 @@ import dataclasses
 import warnings
 from typing import Callable
 
+from kerasflow._progress import progress_bar
 from kerasflow.planner import baselines
 from kerasflow.planner.cluster import Cluster
 from kerasflow.planner.cpop import cpop
@@ -38,7 +39,8 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
                     split: bool = True, tick_tock: str = "auto", memory_limit: float | None = None,
                     memory_headroom: float = DEFAULT_MEMORY_HEADROOM, max_split_evaluations: int = 48,
                     candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True,
-                    progress: Callable[[str], None] | None = None) -> tuple[dict[str, Plan], list[str]]:
+                    progress: Callable[[str], None] | None = None,
+                    verbose=True) -> tuple[dict[str, Plan], list[str]]:
     """Every candidate plan that fits in memory, simulated (arguments as for ``plan``).
 
     ``replicated=False`` leaves out the strategies that replicate the whole step per device
@@ -107,8 +109,12 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
         else:
             peak = max(candidate.predicted_peak_memory.values())
             misfits.append(f"{name}: simulated peak {peak / 2**20:,.1f} MiB exceeds the budget")
+        bar.update(1)
         if progress is not None:
             progress(name)
+
+    bar = progress_bar(len(candidates) + (max_split_evaluations if split else 0) + (3 if waves_wanted else 0),
+                       "kerasflow: planning", verbose)
 
     for name in candidates:
         consider(name, makers[name])
@@ -123,14 +129,17 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
             return candidate
 
         best_split, _ = split_search(graph, cluster, results[base_name], schedule,
-                                     max_evaluations=max_split_evaluations)
+                                     max_evaluations=max_split_evaluations, progress=lambda _: bar.update(1))
         if best_split.splits:
             name = f"{base_name}+split"
             results[name] = computed[name] = dataclasses.replace(best_split, algorithm=name)
         if progress is not None:
             progress(f"{base_name}+split")
-    if waves_wanted:
-        _add_wave_candidates(graph, cluster, batch, computed, consider, replicated)
+    try:
+        if waves_wanted:
+            _add_wave_candidates(graph, cluster, batch, computed, consider, replicated)
+    finally:
+        bar.close()
     if not results:
         raise InsufficientMemoryError(
             f"No strategy fits the memory of cluster {cluster.name!r} at batch {batch} "
@@ -163,7 +172,7 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
          tick_tock: str = "auto", memory_limit: float | None = None,
          memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
          max_split_evaluations: int = 48, candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True,
-         progress: Callable[[str], None] | None = None) -> Plan:
+         progress: Callable[[str], None] | None = None, verbose=True) -> Plan:
     """Computes the fastest plan for one training step of ``graph`` on ``cluster``.
 
     Args:
@@ -182,6 +191,7 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
         replicated: also try strategies that replicate the step on every device (data
             parallelism); ``FastTStrategy`` runs one replica and passes False.
         progress: called with each candidate's name when it is done.
+        verbose: show a progress bar on stderr (only on a terminal; 0 or False: never).
 
     Returns:
         The best ``Plan``: ``predicted_step_time`` is the simulator's figure for it and
@@ -202,7 +212,7 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
     results, misfits = candidate_plans(
         graph, cluster, batch_size=batch_size, split=split, tick_tock=tick_tock, memory_limit=memory_limit,
         memory_headroom=memory_headroom, max_split_evaluations=max_split_evaluations, candidates=candidates,
-        replicated=replicated, progress=progress)
+        replicated=replicated, progress=progress, verbose=verbose)
     if tick_tock == "on":
         results = {n: p for n, p in results.items() if p.waves is not None}
         if not results:

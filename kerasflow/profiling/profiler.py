@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasflow import _compat
+from kerasflow._progress import progress_bar
 from kerasflow.devices import default_devices, device_kind
 from kerasflow.planner.errors import ProfilingError
 from kerasflow.planner.graph import Affine, Edge, Op, OpGraph
@@ -197,7 +198,7 @@ def build_graph(big: CapturedStep, small: CapturedStep | None, seconds_big: dict
 
 def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmup_steps: int = 2,
                   steps: int = 3, device: str | None = None, second_batch: bool = True,
-                  progress: Callable[[str], None] | None = None) -> OpGraph:
+                  progress: Callable[[str], None] | None = None, verbose=True) -> OpGraph:
     """Profiles one training step of ``model`` and returns it as an ``OpGraph``.
 
     Args:
@@ -211,6 +212,7 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
             its kind (``"CPU"``, ``"V100"``, ...).
         second_batch: also profile half the batch, to fit each cost as fixed + per-sample.
         progress: called with a short message at each stage.
+        verbose: show a progress bar on stderr (only on a terminal; 0 or False: never).
 
     Returns:
         The step: every op of forward, backward and update, with its layer, phase,
@@ -232,7 +234,14 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
     device = device or default_devices()[0]
     kind = device_kind(device)
     batch = first_batch(data, batch_size)
-    say = progress or (lambda message: None)
+    bar = progress_bar(3 if second_batch else 2, "kerasflow: profiling", verbose)
+
+    def say(message: str) -> None:
+        bar.set_postfix_str(message)
+        bar.update(1)
+        if progress is not None:
+            progress(message)
+
     snapshot = snapshot_variables(model)
     scope = _compat.strategy_scope(model)
     scope.__enter__()
@@ -258,6 +267,7 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
     finally:
         restore_variables(snapshot)
         scope.__exit__(None, None, None)
+        bar.close()
     metadata = {
         "source": "kerasflow.profiling.profile_model",
         "device": device,

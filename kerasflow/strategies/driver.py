@@ -121,6 +121,8 @@ class Driver:
         self._spec_full = False
         self._verify_pending = False
         self.batch_hint: int | None = None
+        self._step_started = 0.0
+        self._measured: list[float] | None = None  # planned step times, for the TensorBoard scalars
 
     # ------------------------------------------------------------------ attach
     def attach(self, model) -> None:
@@ -204,6 +206,7 @@ class Driver:
     # ------------------------------------------------------------------ per step
     def before_step(self) -> None:
         """Called before each training step (each call of the train function)."""
+        self._step_started = time.perf_counter()
         if self.failed or self.model is None:
             return
         first, last = self._window()
@@ -238,6 +241,8 @@ class Driver:
                 self._verify_given_plan()
             elif self.plan is None and self.step == last:
                 self._plan_and_rebuild()
+            elif self.plan is not None and self._measured is not None:
+                self._measure_planned_step()
         except InvalidPlanError:
             raise
         except Exception as error:  # noqa: BLE001 - never lose the user's training
@@ -283,7 +288,8 @@ class Driver:
         custom = self._custom_step
         plan = make_plan(self.graph, self.cluster(), split=self.options.split and not custom,
                          tick_tock="off" if custom else self.options.tick_tock, memory_limit=self.options.memory_limit,
-                         max_split_evaluations=self.options.max_split_evaluations, replicated=False)
+                         max_split_evaluations=self.options.max_split_evaluations, replicated=False,
+                         verbose=self.options.verbose)
         plan_seconds = time.perf_counter() - started
         self._use(plan)
         self._summarise(plan, plan_seconds)
@@ -299,6 +305,36 @@ class Driver:
         self._install()
         self._rebuild()
         self._read_back = True
+        self._measured = [] if self.options.log_dir else None
+
+    _MEASURED_STEPS = 5
+
+    def _measure_planned_step(self) -> None:
+        """Times planned steps (the first one, which retraces, is left out) and, after a few,
+        writes TensorBoard scalars to ``log_dir/kerasflow``: predicted and measured step time,
+        samples per second, and each device's predicted utilisation."""
+        if self._read_back or self.step <= self._window()[1] + 1:
+            return
+        self._measured.append(time.perf_counter() - self._step_started)
+        if len(self._measured) < self._MEASURED_STEPS:
+            return
+        measured = sorted(self._measured)[len(self._measured) // 2]
+        self._measured = None
+        self.report["measured_step_time"] = measured
+        batch = self.plan.batch_size or (self.graph.batch_size if self.graph is not None else 0)
+        writer = tf.summary.create_file_writer(os.path.join(self.options.log_dir, "kerasflow"))
+        with writer.as_default():
+            tf.summary.scalar("step_time/predicted_seconds", self.plan.predicted_step_time, step=self.step)
+            tf.summary.scalar("step_time/measured_seconds", measured, step=self.step)
+            if batch:
+                tf.summary.scalar("samples_per_second/measured", batch / measured, step=self.step)
+                tf.summary.scalar("samples_per_second/predicted", batch / self.plan.predicted_step_time,
+                                  step=self.step)
+            if self.graph is not None:
+                result = simulate(self.graph, self.cluster(), self.plan, memory=False)
+                for device, share in result.utilization.items():
+                    tf.summary.scalar(f"utilization/{device.strip('/').replace(':', '_')}", share, step=self.step)
+        writer.flush()
 
     def _zeros_batch(self):
         """A batch of zeros shaped like the traced one (an unknown batch size taken from the data)."""

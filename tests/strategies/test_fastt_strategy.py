@@ -260,3 +260,9 @@ def test_log_dir_files_and_existing_callbacks(tmp_path, capsys):
     kerasflow.Plan.load(tmp_path / "kf" / "plan.json").validate(kerasflow.OpGraph.load(tmp_path / "kf" / "profile.json"),
                                                                CLUSTER)
     assert (tmp_path / "best.keras").exists() and len((tmp_path / "log.csv").read_text().splitlines()) == 3
+    tags = set()
+    for events in (tmp_path / "kf" / "kerasflow").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(events)):
+            tags.update(value.tag for value in event.summary.value)
+    assert {"step_time/predicted_seconds", "step_time/measured_seconds", "samples_per_second/measured"} <= tags
+    assert any(tag.startswith("utilization/") for tag in tags)
