@@ -126,3 +126,21 @@ def test_plan_summary_on_a_known_plan():
     trace = simulate(graph, c, plan).to_chrome_trace()
     names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert {"b@w0@s0", "b@w1@s1"} <= names  # waves and shards visible by name
+
+
+@pytest.mark.parametrize("command", ["compare", "simulate", "plan", "show", "profile", "clusters", "synthetic"])
+def test_every_subcommand_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0 and "usage: kerasflow" in capsys.readouterr().out
+
+
+def test_show_and_plan_reject_malformed_files(tmp_path, capsys):
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"format_version": 1, "kind": "kerasflow.Plan", "waves": {"count": 0}}')
+    assert main(["show", str(bad)]) == 2
+    assert "waves.count" in capsys.readouterr().err
+    profile = tmp_path / "profile.json"
+    profile.write_text('{"format_version": 7}')
+    assert main(["plan", str(profile), "--cluster", "2xK80-pcie", "-o", str(tmp_path / "p.json")]) == 2
+    assert "format_version 7" in capsys.readouterr().err
