@@ -100,6 +100,7 @@ class PlanApplier:
         for layer, shards in plan.splits.items():
             self.layer_device.setdefault(layer, shards[0].device)
         self.last_report = ApplyReport()
+        self.skip_order = False  # set when TensorFlow refused the ordered step
 
     def layer_of_name(self, base: str) -> str | None:
         """The layer of an op name (exact, else its longest known scope)."""
@@ -152,7 +153,13 @@ class PlanApplier:
                 report.placed += 1
                 continue
             if any(t.dtype == tf.resource for t in op.inputs):
-                continue  # a resource made inside the step (an iterator, a TensorArray): leave it
+                # A resource passed through the step (a loop variable): the plan's device when
+                # it names the op (its variable's group); anything else (an iterator, a
+                # TensorArray) stays where TensorFlow puts it.
+                if op.name in self.plan.placement:
+                    op._set_device(self.plan.placement[op.name])
+                    report.placed += 1
+                continue
             if _colocation_target(op) is not None:
                 colocated.append(op)  # TensorFlow keeps it with another op: placed after that one
                 continue
@@ -178,7 +185,7 @@ class PlanApplier:
         return report
 
     def _order(self, ops, by_name, report: ApplyReport) -> None:
-        if not self.plan.order:
+        if not self.plan.order or self.skip_order:
             return
         keyed: dict[tuple[str, int, int], tf.Operation] = {}
         for op in ops:

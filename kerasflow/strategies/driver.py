@@ -140,8 +140,9 @@ class Driver:
                       "op splitting and waves are not.")
         self._original_step = model.train_step
         if self.options.plan is not None:
+            # Step 0 runs as traced by Keras (recording the inputs); the given plan is
+            # checked and applied from step 1, through the guarded rebuild.
             self.plan = self.options.plan
-            self.applier = PlanApplier(self.plan, None, self.options.devices)
             self._verify_pending = True
         self._install()
 
@@ -171,11 +172,7 @@ class Driver:
 
     def _verify_given_plan(self) -> None:
         """For ``plan=``: after the first step, checks the plan against the model's structure,
-        moves the variables to their planned devices and rebuilds with the full applier.
-
-        The plan is applied by op name from the first trace; this step adds what needs the
-        traced structure (fingerprint, colocation groups, layer fallbacks).
-        """
+        moves the variables to their planned devices and rebuilds with the plan applied."""
         self._verify_pending = False
         batch = self._zeros_batch()
         snapshot = snapshot_variables(self.model)
@@ -367,6 +364,14 @@ class Driver:
             try:
                 return function(iterator)
             except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, tf.errors.InternalError) as error:
+                applier = driver.applier
+                if applier is not None and applier.plan.order and not applier.skip_order:
+                    # First retreat: keep the placement, drop the per-device order.
+                    applier.skip_order = True
+                    driver._warn(f"kerasflow: the planned order could not run ({str(error).splitlines()[0]}); "
+                                 "keeping the placement without it.")
+                    driver._rebuild()
+                    return driver.model.train_function(iterator)
                 driver._fail("running the planned step", error)
                 return driver.model.train_function(iterator)
 

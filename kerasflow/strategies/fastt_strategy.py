@@ -60,9 +60,9 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         devices: the devices to use (default: all GPUs, else all logical CPUs).
         cluster: the ``Cluster`` (or preset name) to plan for (default: the CPU testbed for
             logical CPUs, measured links for GPUs).
-        plan: a ``Plan`` or a plan JSON path: no profiling, applied from the first traced
-            step; checked against the model (``on_mismatch="replan"`` profiles afresh instead
-            of raising).
+        plan: a ``Plan`` or a plan JSON path: no profiling; checked against the model after
+            step 0 and applied from step 1 (``on_mismatch="replan"`` profiles afresh instead
+            of raising on a mismatch).
         warmup_steps: steps before profiling (>= 2).
         profile_steps: profiled steps.
         split: let the planner split layers across devices.
@@ -201,8 +201,6 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             driver.step = 1  # this first call of the train function is step 0
             if args:
                 driver._record(args[0])
-            if self._options.plan is not None:
-                return model.train_step  # the given plan applies by name from this first trace
         return fn
 
 
