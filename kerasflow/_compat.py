@@ -149,17 +149,19 @@ def strategy_scope(model: Any):
     import contextlib
 
     strategy = getattr(model, "distribute_strategy", None)
-    if strategy is None or strategy is tf.distribute.get_strategy() or not tf.distribute.has_strategy() and \
-            isinstance(strategy, type(tf.distribute.get_strategy())):
-        return contextlib.nullcontext()
+    if strategy is None or strategy is tf.distribute.get_strategy() or _is_default(strategy):
+        return contextlib.nullcontext()  # no strategy, or already inside its scope
     return strategy.scope()
+
+
+def _is_default(strategy: Any) -> bool:
+    return type(strategy).__name__ == "_DefaultDistributionStrategy"
 
 
 def run_step(model: Any, data: Any):
     """Runs ``model.train_step(data)`` the way ``fit`` does: in its strategy's replica context."""
     strategy = getattr(model, "distribute_strategy", None)
-    if strategy is None or not isinstance(strategy, tf.distribute.Strategy) or \
-            type(strategy).__name__ == "_DefaultDistributionStrategy":
+    if strategy is None or not isinstance(strategy, tf.distribute.Strategy) or _is_default(strategy):
         return model.train_step(data)
 
     def step(batch):

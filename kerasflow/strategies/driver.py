@@ -165,10 +165,12 @@ class Driver:
         spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype) if isinstance(t, tf.Tensor) else t,
                                      data)
         full = all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec) if isinstance(s, tf.TensorSpec))
-        if full and self.spec is None or full and self.spec is not None and not self._spec_full:
+        # A fully-shaped trace wins over a relaxed-shape one (a partial batch), which is kept
+        # only until a full one comes.
+        if full and not self._spec_full:
             self.spec, self._spec_full = spec, True
         elif self.spec is None:
-            self.spec, self._spec_full = spec, False  # a relaxed-shape trace: kept until a full one comes
+            self.spec = spec
 
     def _verify_given_plan(self) -> None:
         """For ``plan=``: after the first step, checks the plan against the model's structure,
