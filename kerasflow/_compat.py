@@ -13,7 +13,8 @@ import tensorflow as tf
 __all__ = [
     "flavor", "is_keras_model", "variable_handle", "variable_path", "model_variables", "optimizer_name",
     "optimizer_variables", "metric_variables", "all_layers", "uses_jit", "disable_jit", "is_compiled",
-    "layer_name_of_scope", "train_step", "strategy_scope", "run_step",
+    "layer_name_of_scope", "train_step", "strategy_scope", "run_step", "has_own_train_step",
+    "model_of_step_function", "compute_loss", "finish_step", "can_move_variables",
 ]
 
 try:  # tf-keras is optional (the `legacy` extra)
@@ -174,3 +175,54 @@ def run_step(model: Any, data: Any):
 def train_step(model: Any):
     """The model's ``train_step`` (the function ``fit`` traces for one batch)."""
     return model.train_step
+
+
+def has_own_train_step(model: Any) -> bool:
+    """True when the model's class overrides Keras' ``train_step`` (a custom training step)."""
+    module = getattr(type(model).train_step, "__module__", "") or ""
+    return not module.startswith(("keras.", "tf_keras."))
+
+
+def model_of_step_function(function: Any) -> Any:
+    """The model whose training step ``function`` runs, or None.
+
+    Keras 3 passes the bound ``model.train_step``; tf-keras passes a ``run_step(data)`` closure
+    that calls ``model.train_step(data)``.
+    """
+    owner = getattr(function, "__self__", None) or getattr(function, "model", None)  # a bound method, or
+    if getattr(function, "__name__", "") == "train_step" and is_keras_model(owner):  # kerasflow's PlannedStep
+        return owner
+    if getattr(function, "__name__", "") == "run_step":
+        code = getattr(function, "__code__", None)
+        if code is None or "train_step" not in code.co_names:
+            return None  # tf-keras' evaluate/predict run_step
+        for cell in getattr(function, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            if is_keras_model(value):
+                return value
+    return None
+
+
+def compute_loss(model: Any, x, y, prediction, sample_weight):
+    """The compiled loss of one (micro-)batch, as ``train_step`` computes it."""
+    if flavor(model) == "keras3":
+        return model._compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True)
+    return model.compute_loss(x, y, prediction, sample_weight)
+
+
+def finish_step(model: Any, x, y, prediction, sample_weight, loss, batch):
+    """Updates the loss tracker (Keras 3; tf-keras' compute_loss already did) and returns the
+    metrics ``train_step`` returns."""
+    if flavor(model) == "keras3":
+        model._loss_tracker.update_state(loss, sample_weight=batch)
+        return model.compute_metrics(x, y, prediction, sample_weight=sample_weight)
+    return model.compute_metrics(x, y, prediction, sample_weight)
+
+
+def can_move_variables(model: Any) -> bool:
+    """Keras 3 keeps each TensorFlow variable behind one attribute, so it can be swapped;
+    tf-keras variables are referenced from many places."""
+    return flavor(model) == "keras3"

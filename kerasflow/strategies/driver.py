@@ -134,7 +134,7 @@ class Driver:
             _compat.disable_jit(model)
             self._say("kerasflow: jit_compile turned off: XLA fuses the step into a few clusters, which erases "
                       "per-op placement and profiles.")
-        self._custom_step = not _is_keras_trainer(type(model))
+        self._custom_step = _compat.has_own_train_step(model)
         if self._custom_step:
             self._say("kerasflow: the model defines its own train_step: placement and order are applied, "
                       "op splitting and waves are not.")
@@ -487,13 +487,6 @@ def _strip_call(name: str) -> str | None:
         parts = parts[1:]
         stripped += 1
     return "/".join(parts) if stripped and parts else None
-
-
-def _is_keras_trainer(cls) -> bool:
-    """True when ``cls.train_step`` is Keras' own (not a user override)."""
-    module = getattr(cls.train_step, "__module__", "") or ""
-    return module.startswith(("keras.", "tf_keras."))
-
 
 
 def build_graph_structure(ops) -> OpGraph:

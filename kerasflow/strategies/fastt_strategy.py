@@ -187,12 +187,10 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             inner = inner.__wrapped__  # Strategy.run wraps fn with autograph
             if getattr(inner, "_kerasflow_internal", False):
                 return fn
-        model = getattr(inner, "model", None) or getattr(inner, "__self__", None)
-        name = getattr(inner, "__name__", "")
-        if name == "run_step" and model is None:  # tf-keras: run_step(data) calls model.train_step(data)
-            model = _model_in_closure(inner)
-            name = "train_step" if model is not None and _is_training(inner) else name
-        if len(self._options.devices) < 2 or name != "train_step" or model is None:
+        from kerasflow import _compat
+
+        model = _compat.model_of_step_function(inner)
+        if len(self._options.devices) < 2 or model is None:
             return fn
         driver = self._driver
         if driver.model is not model and not driver.failed:
@@ -237,25 +235,6 @@ def _canonical(device: str) -> str:
 
 def _known_devices() -> set[str]:
     return {_canonical(d.name) for d in tf.config.list_logical_devices()}
-
-
-def _model_in_closure(function):
-    from kerasflow import _compat
-
-    for cell in getattr(function, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:
-            continue
-        if _compat.is_keras_model(value):
-            return value
-    return None
-
-
-def _is_training(function) -> bool:
-    """True for tf-keras' training ``run_step`` (its code calls ``train_step``)."""
-    code = getattr(function, "__code__", None)
-    return code is not None and "train_step" in code.co_names
 
 
 def _check_single_replica(plan: Plan) -> None:

@@ -151,7 +151,7 @@ class PlannedStep:
             with tf.name_scope(f"wave{w}"), tf.control_dependencies(barrier):
                 with tf.GradientTape() as tape:
                     prediction = model(xw, training=True)
-                    loss = _loss(model, xw, yw, prediction, sw)
+                    loss = _compat.compute_loss(model, xw, yw, prediction, sw)
                     scaled = tf.cast(loss, tf.float32) * share
                 gradients = tape.gradient(scaled, variables)
             previous_forward = prediction if not isinstance(prediction, (list, tuple, dict)) else \
@@ -163,7 +163,7 @@ class PlannedStep:
             start = start + size
         model.optimizer.apply_gradients(zip(total_gradients, variables))
         prediction = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
-        return _finish(model, x, y, prediction, sample_weight, tf.add_n(losses))
+        return _compat.finish_step(model, x, y, prediction, sample_weight, tf.add_n(losses), batch)
 
 
 def _add(a, b):
@@ -185,17 +185,3 @@ def _unpack(data):
             return data[0], data[1], None
         return data[0], data[1], data[2]
     return data, None, None
-
-
-def _loss(model, x, y, prediction, sample_weight):
-    if _compat.flavor(model) == "keras3":
-        return model._compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True)
-    return model.compute_loss(x, y, prediction, sample_weight)
-
-
-def _finish(model, x, y, prediction, sample_weight, loss):
-    if _compat.flavor(model) == "keras3":
-        batch = _batch_of(x)
-        model._loss_tracker.update_state(loss, sample_weight=batch)
-        return model.compute_metrics(x, y, prediction, sample_weight=sample_weight)
-    return model.compute_metrics(x, y, prediction, sample_weight)

@@ -56,7 +56,7 @@ def move_variables(model, homes: dict[str, str], *, creating=None) -> int:
     Returns:
         How many variables were moved.
     """
-    if _compat.flavor(model) != "keras3" or not homes:
+    if not _compat.can_move_variables(model) or not homes:
         return 0
     creating = creating or (lambda device: contextlib.nullcontext())
     moved = 0
