@@ -207,15 +207,31 @@ def capture_step(model, batch) -> CapturedStep:
             bytes_accessed=sum(_bytes(t) for t in op.inputs) + sum(_bytes(t) for t in op.outputs)))
     by_name = {op.name: op for op in captured}
 
+    # Where each resource tensor comes from: a captured variable, possibly passed through a
+    # loop or an identity (a While's output i is its input i). TensorFlow runs an op that
+    # takes a resource on that resource's device, so such an op joins the variable's group.
+    origin: dict[tuple[str, int], str] = {}
+    for tf_op in operations:
+        if tf_op.name in resource_group:
+            origin[(tf_op.name, 0)] = resource_group[tf_op.name][0]
+            continue
+        for i, output in enumerate(tf_op.outputs):
+            if output.dtype != tf.resource or i >= len(tf_op.inputs):
+                continue
+            passed = tf_op.inputs[i]
+            if passed.dtype == tf.resource and (passed.op.name, passed.value_index) in origin:
+                origin[(tf_op.name, i)] = origin[(passed.op.name, passed.value_index)]
+
     # Groups: the variable's placeholder and every op that takes the resource.
     group_layer: dict[str, str] = {}
     for op, tf_op in zip(captured, operations):
         if op.name in resource_group:
             op.colocation, op.persistent_bytes = resource_group[op.name]
             continue
-        for source, _ in op.inputs:
-            if source in resource_group:
-                op.colocation = resource_group[source][0]
+        for tensor in tf_op.inputs:
+            group = origin.get((tensor.op.name, tensor.value_index)) if tensor.dtype == tf.resource else None
+            if group is not None:
+                op.colocation = group
                 break
         layer = layer_of_id.get(tf_op._id)
         if layer is not None:
