@@ -11,18 +11,18 @@ Example:
     True
 """
 
-from kerasflow.planner import baselines, costmodel, hardware, synthetic
-from kerasflow.planner.cpop import cpop
-from kerasflow.planner.heft import heft
-from kerasflow.planner.baselines import (
+from . import baselines, costmodel, hardware, synthetic
+from .cpop import cpop
+from .heft import heft
+from .baselines import (
     LowerBound,
     data_parallel,
     layerwise_model_parallel,
     lower_bound,
     single_device,
 )
-from kerasflow.planner.cluster import Cluster, Device, Link
-from kerasflow.planner.errors import (
+from .cluster import Cluster, Device, Link
+from .errors import (
     FileFormatError,
     InvalidClusterError,
     InvalidGraphError,
@@ -32,13 +32,13 @@ from kerasflow.planner.errors import (
     KerasflowError,
     SimulationError,
 )
-from kerasflow.planner.graph import PHASES, Affine, Edge, Op, OpGraph
-from kerasflow.planner.plan import DataParallel, Plan, Shard, Waves
-from kerasflow.planner.simulator import SimulationResult, Transfer, simulate
+from .graph import PHASES, Affine, Edge, Op, OpGraph
+from .plan import DataParallel, Plan, Shard, Waves
+from .simulator import SimulationResult, Transfer, simulate
 
 # Imported last: binds ``kerasflow.planner.plan`` to the function (the module stays
 # importable as ``kerasflow.planner.plan`` through sys.modules for ``Plan``).
-from kerasflow.planner.planning import plan  # noqa: E402
+from .planning import plan  # noqa: E402
 
 __all__ = [
     "Affine", "Op", "Edge", "OpGraph", "PHASES",

@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any, Callable, Mapping, TypeVar
 
-from kerasflow.planner.errors import FileFormatError, KerasflowError
+from .errors import FileFormatError, KerasflowError
 
 T = TypeVar("T")
 

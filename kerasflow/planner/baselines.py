@@ -15,12 +15,12 @@ import dataclasses
 import math
 from typing import NamedTuple
 
-from kerasflow.planner.cluster import Cluster
-from kerasflow.planner.errors import InvalidPlanError
-from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.plan import DataParallel, Plan
-from kerasflow.planner.simulator import simulate
-from kerasflow.planner.taskgraph import batch_ops
+from .cluster import Cluster
+from .errors import InvalidPlanError
+from .graph import OpGraph
+from .plan import DataParallel, Plan
+from .simulator import simulate
+from .taskgraph import batch_ops
 
 __all__ = ["single_device", "data_parallel", "layerwise_model_parallel", "lower_bound",
            "LowerBound", "fastest_device", "with_prediction"]

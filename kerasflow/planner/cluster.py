@@ -7,9 +7,9 @@ import math
 import re
 from typing import Any, Iterable, Mapping, NamedTuple
 
-from kerasflow.planner import _jsonio
-from kerasflow.planner.errors import InvalidClusterError
-from kerasflow.planner.hardware import DEVICE_SPECS, GB
+from . import _jsonio
+from .errors import InvalidClusterError
+from .hardware import DEVICE_SPECS, GB
 
 __all__ = ["Device", "Link", "Cluster", "CLUSTER_FORMAT_VERSION"]
 

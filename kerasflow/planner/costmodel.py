@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from kerasflow.planner.errors import InvalidGraphError
-from kerasflow.planner.graph import Affine, OpGraph
-from kerasflow.planner.hardware import DEVICE_SPECS, DeviceSpec
+from .errors import InvalidGraphError
+from .graph import Affine, OpGraph
+from .hardware import DEVICE_SPECS, DeviceSpec
 
 __all__ = ["COMPUTE_EFFICIENCY", "MEMORY_EFFICIENCY", "roofline", "estimate_costs"]
 

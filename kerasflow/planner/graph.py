@@ -14,8 +14,8 @@ import json
 import math
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
-from kerasflow.planner import _jsonio
-from kerasflow.planner.errors import InvalidGraphError
+from . import _jsonio
+from .errors import InvalidGraphError
 
 __all__ = ["Affine", "Op", "Edge", "OpGraph", "PHASES", "GRAPH_FORMAT_VERSION"]
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from kerasflow.planner.cluster import Cluster
-from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.listschedule import (
+from .cluster import Cluster
+from .graph import OpGraph
+from .listschedule import (
     DEFAULT_MEMORY_HEADROOM, list_schedule, memory_budgets, plan_from_schedule, scheduling_tasks,
 )
-from kerasflow.planner.plan import Plan, Shard
-from kerasflow.planner.ranks import TaskCosts, average_link, topological_tasks, upward_ranks
+from .plan import Plan, Shard
+from .ranks import TaskCosts, average_link, topological_tasks, upward_ranks
 
 __all__ = ["heft"]
 

@@ -24,11 +24,11 @@ import heapq
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
-from kerasflow.planner.cluster import Cluster
-from kerasflow.planner.errors import InsufficientMemoryError
-from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.ranks import TaskCosts, predecessors, topological_tasks
-from kerasflow.planner.taskgraph import TaskGraph
+from .cluster import Cluster
+from .errors import InsufficientMemoryError
+from .graph import OpGraph
+from .ranks import TaskCosts, predecessors, topological_tasks
+from .taskgraph import TaskGraph
 
 __all__ = ["Schedule", "list_schedule", "memory_budgets", "DEFAULT_MEMORY_HEADROOM"]
 
@@ -332,8 +332,8 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
 
 def scheduling_tasks(graph: OpGraph, cluster: Cluster, splits, batch: float) -> tuple[TaskGraph, list[int]]:
     """The tasks a list scheduler places for ``splits``, and which are pinned (the shards)."""
-    from kerasflow.planner.plan import Plan
-    from kerasflow.planner.taskgraph import build_task_graph
+    from .plan import Plan
+    from .taskgraph import build_task_graph
 
     first = cluster.device_names[0]
     provisional = Plan(placement={op.name: first for op in graph.ops}, splits=splits or {})
@@ -349,9 +349,9 @@ def plan_from_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, schedule
     The order is the schedule's start order on each device; auxiliary copies are left to
     the simulator (they run as soon as they are ready).
     """
-    from kerasflow.planner.baselines import with_prediction
-    from kerasflow.planner.errors import InvalidPlanError
-    from kerasflow.planner.plan import Plan
+    from .baselines import with_prediction
+    from .errors import InvalidPlanError
+    from .plan import Plan
 
     names = cluster.device_names
     placement: dict[str, str] = {}
@@ -367,7 +367,7 @@ def plan_from_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, schedule
     except InvalidPlanError:
         # The schedule's order met a derived copy in an order the simulator cannot keep:
         # use the order the simulator itself finds for this placement.
-        from kerasflow.planner.simulator import simulate
+        from .simulator import simulate
 
         unordered = Plan(placement=plan.placement, splits=plan.splits, batch_size=batch, algorithm=algorithm)
         order = simulate(graph, cluster, unordered, batch=batch, memory=False).start_order()

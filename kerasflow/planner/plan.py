@@ -6,8 +6,8 @@ import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
-from kerasflow.planner import _jsonio
-from kerasflow.planner.errors import InvalidPlanError, KerasflowError
+from . import _jsonio
+from .errors import InvalidPlanError, KerasflowError
 
 __all__ = ["Shard", "Waves", "DataParallel", "Plan", "PLAN_FORMAT_VERSION", "WAVE_OFFSETS"]
 
@@ -17,7 +17,7 @@ WAVE_OFFSETS = ("forward", "none")
 
 
 def _version() -> str:
-    from kerasflow._version import __version__
+    from .._version import __version__
 
     return __version__
 
@@ -243,7 +243,7 @@ class Plan:
         Raises:
             InvalidPlanError: the first problem found, naming the op, layer or device.
         """
-        from kerasflow.planner.taskgraph import build_task_graph
+        from .taskgraph import build_task_graph
 
         build_task_graph(graph, cluster, self)
 
@@ -263,7 +263,7 @@ class Plan:
             >>> "/GPU:0" in text and "100%" in text
             True
         """
-        from kerasflow.planner.report import plan_summary
+        from .report import plan_summary
 
         text = plan_summary(self, graph, cluster)
         if print_fn is not None:

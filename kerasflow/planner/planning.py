@@ -13,17 +13,17 @@ import dataclasses
 import warnings
 from typing import Callable
 
-from kerasflow._progress import progress_bar
-from kerasflow.planner import baselines
-from kerasflow.planner.cluster import Cluster
-from kerasflow.planner.cpop import cpop
-from kerasflow.planner.errors import InsufficientMemoryError, InvalidPlanError
-from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.heft import heft
-from kerasflow.planner.listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
-from kerasflow.planner.plan import Plan
-from kerasflow.planner.splitting import split_search
-from kerasflow.planner.ticktock import (
+from .._progress import progress_bar
+from . import baselines
+from .cluster import Cluster
+from .cpop import cpop
+from .errors import InsufficientMemoryError, InvalidPlanError
+from .graph import OpGraph
+from .heft import heft
+from .listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
+from .plan import Plan
+from .splitting import split_search
+from .ticktock import (
     batch_coupled_ops, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
 )
 

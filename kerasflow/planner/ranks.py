@@ -10,9 +10,9 @@ IEEE TPDS 2002). Tasks on a critical path have the largest ``rank_u + rank_d``.
 
 from __future__ import annotations
 
-from kerasflow.planner.cluster import Cluster
-from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.taskgraph import TaskGraph, _durations
+from .cluster import Cluster
+from .graph import OpGraph
+from .taskgraph import TaskGraph, _durations
 
 __all__ = ["TaskCosts", "upward_ranks", "downward_ranks", "critical_path", "topological_tasks",
            "predecessors", "average_link"]

@@ -70,7 +70,7 @@ def plan_summary(plan, graph=None, cluster=None) -> str:
     lines.append(header)
     busy = {}
     if graph is not None and cluster is not None:
-        from kerasflow.planner.simulator import simulate
+        from .simulator import simulate
 
         result = simulate(graph, cluster, plan)
         busy = result.utilization

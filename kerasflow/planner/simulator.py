@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from kerasflow.planner.cluster import Cluster
-from kerasflow.planner.errors import SimulationError
-from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.plan import Plan
-from kerasflow.planner.taskgraph import TaskGraph, build_task_graph
+from .cluster import Cluster
+from .errors import SimulationError
+from .graph import OpGraph
+from .plan import Plan
+from .taskgraph import TaskGraph, build_task_graph
 
 __all__ = ["simulate", "run_task_graph", "SimulationResult", "Transfer"]
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping, Sequence
 
-from kerasflow.planner.cluster import Cluster
-from kerasflow.planner.errors import InsufficientMemoryError
-from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.plan import Plan, Shard
-from kerasflow.planner.ranks import predecessors
-from kerasflow.planner.simulator import SimulationResult, run_task_graph
-from kerasflow.planner.taskgraph import TaskGraph, batch_ops, build_task_graph
+from .cluster import Cluster
+from .errors import InsufficientMemoryError
+from .graph import OpGraph
+from .plan import Plan, Shard
+from .ranks import predecessors
+from .simulator import SimulationResult, run_task_graph
+from .taskgraph import TaskGraph, batch_ops, build_task_graph
 
 __all__ = ["splittable_layers", "critical_tasks", "split_search", "balanced_shards"]
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from kerasflow.planner.costmodel import roofline
-from kerasflow.planner.graph import Affine, Edge, Op, OpGraph
-from kerasflow.planner.hardware import DEVICE_SPECS
+from .costmodel import roofline
+from .graph import Affine, Edge, Op, OpGraph
+from .hardware import DEVICE_SPECS
 
 __all__ = ["chain_mlp", "inception_like", "transformer_like", "random_layered", "FAMILIES", "build"]
 
@@ -294,7 +294,7 @@ def build(family: str, **kwargs) -> OpGraph:
     Raises:
         InvalidGraphError: an unknown family.
     """
-    from kerasflow.planner.errors import InvalidGraphError
+    from .errors import InvalidGraphError
 
     if family not in FAMILIES:
         raise InvalidGraphError(f"Unknown synthetic family {family!r}; choose one of {sorted(FAMILIES)}.")

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from kerasflow.planner.cluster import Cluster
-from kerasflow.planner.errors import InvalidPlanError
-from kerasflow.planner.graph import Affine, OpGraph
-from kerasflow.planner.plan import Plan
+from .cluster import Cluster
+from .errors import InvalidPlanError
+from .graph import Affine, OpGraph
+from .plan import Plan
 
 __all__ = ["TaskGraph", "build_task_graph", "batch_ops", "AUXILIARY_ROLES"]
 

@@ -17,14 +17,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, NamedTuple
 
-from kerasflow.planner import baselines
-from kerasflow.planner.cluster import Cluster
-from kerasflow.planner.errors import InsufficientMemoryError, InvalidPlanError
-from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
-from kerasflow.planner.plan import Plan, Waves
-from kerasflow.planner.simulator import simulate
-from kerasflow.planner.taskgraph import batch_ops
+from . import baselines
+from .cluster import Cluster
+from .errors import InsufficientMemoryError, InvalidPlanError
+from .graph import OpGraph
+from .listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
+from .plan import Plan, Waves
+from .simulator import simulate
+from .taskgraph import batch_ops
 
 __all__ = ["batch_coupled_ops", "with_waves", "tick_tock_data_parallel", "tick_tock_model_parallel",
            "pipeline", "max_batch", "MaxBatch", "STRATEGIES"]
@@ -155,7 +155,7 @@ class MaxBatch(NamedTuple):
 
 def _fastt(tick_tock: str, split: bool):
     def make(graph, cluster, batch, memory_limit, memory_headroom):
-        from kerasflow.planner.planning import plan
+        from .planning import plan
 
         return plan(graph, cluster, batch_size=batch, split=split, tick_tock=tick_tock,
                     memory_limit=memory_limit, memory_headroom=memory_headroom)

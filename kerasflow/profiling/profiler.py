@@ -10,6 +10,7 @@ model's weights and optimizer state are restored afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable
 
@@ -92,8 +93,18 @@ def restore_variables(snapshot) -> None:
         variable.assign(value)
 
 
+def _run_once(step: CapturedStep, batch: tuple, profiler: StepProfiler | None = None, number: int = 0) -> float:
+    """Wall seconds of one run of the traced step, waiting for its results (optionally marked
+    as step ``number`` of ``profiler``)."""
+    started = time.perf_counter()
+    with profiler.step(number) if profiler is not None else contextlib.nullcontext():
+        tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, step.function(batch))
+    return time.perf_counter() - started
+
+
 def profile_step(step: CapturedStep, batch: tuple, warmup_steps: int, steps: int, device: str) -> tuple:
-    """Runs the traced step ``warmup_steps`` times unmeasured, then ``steps`` times profiled.
+    """Runs the traced step ``warmup_steps`` times unmeasured, ``steps`` times plain, then
+    ``steps`` times profiled.
 
     Returns:
         ``(attribution, plain seconds per step, profiled seconds per step)``.
@@ -101,24 +112,14 @@ def profile_step(step: CapturedStep, batch: tuple, warmup_steps: int, steps: int
     with tf.device(device):
         for _ in range(max(warmup_steps, 0)):
             step.function(batch)
-        plain = []
-        for _ in range(steps):
-            started = time.perf_counter()
-            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, step.function(batch))
-            plain.append(time.perf_counter() - started)
+        plain = [_run_once(step, batch) for _ in range(steps)]
         profiler = StepProfiler()
         profiler.start()
-        profiled = []
         try:
-            for i in range(steps):
-                started = time.perf_counter()
-                with profiler.step(i):
-                    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, step.function(batch))
-                profiled.append(time.perf_counter() - started)
+            profiled = [_run_once(step, batch, profiler, i) for i in range(steps)]
         finally:
             times = profiler.stop()
-    ops = step.by_name()
-    result = attribute(times, ops, {op.name: op.flops for op in step.ops})
+    result = attribute(times, step.by_name(), {op.name: op.flops for op in step.ops})
     return result, float(np.median(plain)), float(np.median(profiled))
 
 
@@ -151,12 +152,7 @@ def time_step(step: CapturedStep, batch: tuple, steps: int, device: str) -> floa
     """Median wall time of ``steps`` unprofiled runs of the traced step (after one warm-up)."""
     with tf.device(device):
         step.function(batch)
-        runs = []
-        for _ in range(steps):
-            started = time.perf_counter()
-            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, step.function(batch))
-            runs.append(time.perf_counter() - started)
-    return float(np.median(runs))
+        return float(np.median([_run_once(step, batch) for _ in range(steps)]))
 
 
 def _affine(value_big: float, batch_big: int, value_small: float | None, batch_small: int | None) -> Affine:
