@@ -21,7 +21,7 @@ import tensorflow as tf
 from kerasflow import _compat
 from kerasflow.profiling.splittable import is_splittable
 
-__all__ = ["CapturedStep", "CapturedOp", "capture_step", "batch_spec"]
+__all__ = ["CapturedStep", "CapturedOp", "capture_step", "batch_spec", "last_op_id"]
 
 # Where Keras puts the loss computation: Keras 3 "compile_loss/...", tf-keras "loss/...".
 _LOSS_SCOPES = ("compile_loss/", "loss/")
@@ -105,8 +105,11 @@ def _flops(op: tf.Operation) -> float:
     return 0.0
 
 
-def _last_op_id(graph) -> int:
-    """The id of the newest op of ``graph`` (ops get increasing ids as they are created)."""
+def last_op_id(graph) -> int:
+    """The id of the newest op of ``graph`` (ops get increasing ids as they are created).
+
+    Ops created after it have larger ids: that is how a trace's new ops are found.
+    """
     return max(graph._nodes_by_id, default=0)
 
 
@@ -121,11 +124,11 @@ def _layer_ranges(model) -> tuple[list, dict]:
         @functools.wraps(original)
         def recorded(*args, **kwargs):
             graph = tf.compat.v1.get_default_graph()
-            start = _last_op_id(graph)
+            start = last_op_id(graph)
             try:
                 return original(*args, **kwargs)
             finally:
-                records.append((start, _last_op_id(graph), layer))
+                records.append((start, last_op_id(graph), layer))
 
         originals[id(layer)] = (layer, layer.__dict__.get("call"))
         object.__setattr__(layer, "call", recorded)  # bypass Keras' attribute tracking

@@ -20,14 +20,10 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from kerasflow import _compat
+from kerasflow.profiling.capture import last_op_id
 from kerasflow.strategies.applier import PlanApplier
 
-__all__ = ["PlannedStep", "split_call", "last_op_id"]
-
-
-def last_op_id(graph) -> int:
-    """The id of the newest op of ``graph`` (ids grow as ops are created)."""
-    return max(graph._nodes_by_id, default=0)
+__all__ = ["PlannedStep", "split_call"]
 
 
 def _batch_of(structure) -> tf.Tensor | int:
