@@ -294,7 +294,7 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
             eft = begin + class_costs[device_class[d]][t]
             key = (0 if preferred.get(t) == d else 1, eft, d) if t in preferred else (eft, d)
             if best is None or key < best[0]:
-                best = (key, d, ready, received)
+                best = (key, d)
         if best is None:
             op_name = graph.ops[tg.base[t]].name if tg.base[t] >= 0 else tg.names[t]
             raise InsufficientMemoryError(
@@ -303,7 +303,7 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
                 f"{_bytes(max(largest_free, 0.0))} is free on any device it may use (budgets "
                 f"{_bytes(min(budgets))} to {_bytes(max(budgets))}). Ways out: more devices, a smaller "
                 "batch, Tick-Tock waves (tick_tock='on'), or a larger memory_limit.")
-        _, d, ready, received = best
+        d = best[1]
         for x in sorted(pending_groups):
             bind(x, d)
         # Commit the transfers (deferred inputs are placed for real now) and the task.

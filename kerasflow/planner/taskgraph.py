@@ -155,10 +155,11 @@ class _Builder:
         self.dev_index = {name: i for i, name in enumerate(cluster.device_names)}
         self.devices = cluster.devices
         self.tg = TaskGraph(cluster.device_names)
-        s = graph._structure
-        self.rank = [0] * len(graph.ops)
-        for position, i in enumerate(s.topo):
-            self.rank[i] = position
+
+    @property
+    def rank(self) -> list[int]:
+        """Each op's position in topological order (the priority of its tasks), built once per graph."""
+        return _static_tables(self.graph, self.batch)["priority"]
 
     # ------------------------------------------------------------------ checks
     def _device(self, name: str, what: str) -> int:
