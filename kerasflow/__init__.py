@@ -18,6 +18,7 @@ from kerasflow import planner
 from kerasflow._version import __version__
 from kerasflow.planner import (
     Cluster,
+    ClusterConnectionError,
     FileFormatError,
     InsufficientMemoryError,
     ProfilingError,
@@ -38,6 +39,7 @@ __all__ = [
     "strategies",
     "callbacks",
     "devices",
+    "multihost",
     "FastTStrategy",
     "OpGraph",
     "Cluster",
@@ -51,9 +53,10 @@ __all__ = [
     "SimulationError",
     "InsufficientMemoryError",
     "ProfilingError",
+    "ClusterConnectionError",
 ]
 
-_LAZY_SUBPACKAGES = ("profiling", "strategies", "callbacks", "devices")
+_LAZY_SUBPACKAGES = ("profiling", "strategies", "callbacks", "devices", "multihost")
 
 
 def __getattr__(name):

@@ -28,6 +28,7 @@ def _graph(args) -> OpGraph:
 _LABELS = {
     "single_device": "single device",
     "data_parallel": "data-parallel",
+    "data_parallel_one_host": "data-parallel inside one host",
     "layerwise_model_parallel": "layer-wise model-parallel",
     "heft": "HEFT", "heft-layers": "HEFT (layer affinity)",
     "cpop": "CPOP", "cpop-layers": "CPOP (layer affinity)",

@@ -23,6 +23,7 @@ from .baselines import (
 )
 from .cluster import Cluster, Device, Link
 from .errors import (
+    ClusterConnectionError,
     FileFormatError,
     InvalidClusterError,
     InvalidGraphError,
@@ -49,5 +50,6 @@ __all__ = [
     "single_device", "data_parallel", "layerwise_model_parallel", "lower_bound", "LowerBound",
     "KerasflowError", "InvalidGraphError", "InvalidClusterError", "InvalidPlanError",
     "FileFormatError", "SimulationError", "InsufficientMemoryError", "ProfilingError",
+    "ClusterConnectionError",
     "baselines", "costmodel", "hardware", "synthetic",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from typing import Any, Callable, Mapping, TypeVar
@@ -29,20 +30,28 @@ def check_header(data: Any, kind: str, version: int) -> None:
 
 
 def save(data: Mapping, path: str | os.PathLike) -> None:
-    """Writes ``data`` as deterministic, indented JSON (byte-identical for equal data)."""
-    text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False)
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text + "\n")
+    """Writes ``data`` as deterministic, indented JSON (byte-identical for equal data).
+
+    A path ending in ``.gz`` is written gzip-compressed.
+    """
+    payload = (json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
+    if os.fspath(path).endswith(".gz"):
+        payload = gzip.compress(payload, mtime=0)  # no time stamp: equal data, equal bytes
+    with open(path, "wb") as handle:
+        handle.write(payload)
 
 
 def load(path: str | os.PathLike, build: Callable[[Any], T], *, what: str) -> T:
     """Reads JSON from ``path`` and builds an object, naming the file in any error."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+        with open(path, "rb") as handle:
+            payload = handle.read()
+        if os.fspath(path).endswith(".gz"):
+            payload = gzip.decompress(payload)
+        data = json.loads(payload.decode("utf-8"))
     except FileNotFoundError:
         raise FileFormatError(f"{what} file {os.fspath(path)!r} does not exist.") from None
-    except (OSError, UnicodeDecodeError) as error:
+    except (OSError, EOFError, UnicodeDecodeError) as error:
         raise FileFormatError(f"Cannot read {what} file {os.fspath(path)!r}: {error}.") from None
     except json.JSONDecodeError as error:
         raise FileFormatError(

@@ -179,6 +179,37 @@ class Cluster:
                     self.latency_matrix[a][b] = link.latency
                     self.inverse_bandwidth_matrix[a][b] = 1.0 / link.bandwidth
 
+    @classmethod
+    def two_level(cls, devices: Iterable[Device], intra_host: Link | tuple, inter_host: Link | tuple, *,
+                  name: str = "") -> "Cluster":
+        """A multi-host cluster: ``intra_host`` between devices of one host (``Device.host``),
+        ``inter_host`` (the network) between devices of different hosts.
+
+        Example:
+            >>> devices = [Device(f"/job:worker/replica:0/task:{h}/device:GPU:{i}", "V100", 16 * 2**30, host=h)
+            ...            for h in range(2) for i in range(2)]
+            >>> c = Cluster.two_level(devices, NVLINK2, ETHERNET_100G)
+            >>> c.link(devices[0].name, devices[1].name) == NVLINK2, c.link(devices[0].name, devices[2].name) == ETHERNET_100G
+            (True, True)
+        """
+        devices = tuple(devices)
+        inter_host = _check_link(inter_host, "inter_host")
+        links = {(a.name, b.name): inter_host for a in devices for b in devices
+                 if isinstance(a, Device) and isinstance(b, Device) and a.host != b.host}
+        return cls(devices, intra_host, links, name=name)
+
+    def hosts(self) -> dict[int, list[str]]:
+        """Host index -> the names of its devices, in cluster order.
+
+        Example:
+            >>> Cluster.preset("2x8xV100").hosts()[1][0]
+            '/job:worker/replica:0/task:1/device:GPU:0'
+        """
+        grouped: dict[int, list[str]] = {}
+        for device in self._devices:
+            grouped.setdefault(device.host, []).append(device.name)
+        return grouped
+
     # ------------------------------------------------------------------ accessors
     @property
     def devices(self) -> tuple[Device, ...]:
@@ -359,13 +390,7 @@ def _gpus(kind: str, count: int, link: Link, *, hosts: int = 1, name: str) -> Cl
         for i in range(count):
             device = f"/GPU:{i}" if hosts == 1 else f"/job:worker/replica:0/task:{host}/device:GPU:{i}"
             devices.append(Device(device, kind, spec.memory, host=host))
-    links = {}
-    if hosts > 1:
-        for a in devices:
-            for b in devices:
-                if a.host != b.host:
-                    links[(a.name, b.name)] = ETHERNET_100G
-    return Cluster(devices, link, links, name=name)
+    return Cluster.two_level(devices, link, ETHERNET_100G, name=name)
 
 
 _PRESETS = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "ClusterConnectionError",
     "KerasflowError",
     "InvalidGraphError",
     "InvalidClusterError",
@@ -106,5 +107,14 @@ class ProfilingError(KerasflowError):
 
     Example:
         >>> issubclass(ProfilingError, ValueError)
+        True
+    """
+
+
+class ClusterConnectionError(KerasflowError):
+    """A task of a multi-host cluster cannot be reached (names the task, its address, what to check).
+
+    Example:
+        >>> issubclass(ClusterConnectionError, KerasflowError)
         True
     """

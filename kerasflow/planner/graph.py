@@ -572,12 +572,12 @@ class OpGraph:
                    name=data.get("name", ""), metadata=data.get("metadata") or {})
 
     def save(self, path) -> None:
-        """Writes the graph as JSON to ``path``."""
+        """Writes the graph as JSON to ``path`` (gzip-compressed when it ends in ``.gz``)."""
         _jsonio.save(self.to_dict(), path)
 
     @classmethod
     def load(cls, path) -> "OpGraph":
-        """Reads and validates a graph (a profile) written by ``save``.
+        """Reads and validates a graph (a profile) written by ``save`` (``.json`` or ``.json.gz``).
 
         Raises:
             FileFormatError: unreadable, not JSON, of another kind or version, or

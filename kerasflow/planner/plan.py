@@ -270,6 +270,42 @@ class Plan:
             print_fn(text)
         return text
 
+    def with_devices(self, mapping: Mapping[str, str]) -> "Plan":
+        """The same plan on other devices: every device named in ``mapping`` is renamed.
+
+        For a plan made for one set of names and run on another of the same shape: a plan
+        for the ``2x8xV100`` preset run on the hosts of your ``TF_CONFIG``, or a cross-host
+        plan replayed on one host.
+
+        Raises:
+            InvalidPlanError: two devices renamed to one.
+
+        Example:
+            >>> plan = Plan(placement={"a": "/GPU:0", "b": "/GPU:1"})
+            >>> plan.with_devices({"/GPU:1": "/job:worker/replica:0/task:1/device:GPU:0"}).placement["b"]
+            '/job:worker/replica:0/task:1/device:GPU:0'
+        """
+        used = self.devices() + list(self.order) + list(self.predicted_peak_memory)
+        renamed = [mapping.get(d, d) for d in dict.fromkeys(used)]
+        if len(set(renamed)) != len(renamed):
+            raise InvalidPlanError(f"with_devices would merge devices: {dict(mapping)!r} maps two of "
+                                   f"{list(dict.fromkeys(used))} to one name; give each device its own.")
+        rename = lambda d: mapping.get(d, d)  # noqa: E731
+        waves = self.waves
+        if waves is not None:
+            waves = dataclasses.replace(waves, stage_maps=tuple(
+                {rename(a): rename(b) for a, b in m.items()} for m in waves.stage_maps))
+        data_parallel = self.data_parallel
+        if data_parallel is not None:
+            data_parallel = dataclasses.replace(data_parallel, devices=tuple(rename(d) for d in data_parallel.devices))
+        return dataclasses.replace(
+            self, placement={op: rename(d) for op, d in self.placement.items()},
+            order={rename(d): names for d, names in self.order.items()},
+            splits={layer: tuple(Shard(rename(s.device), s.fraction) for s in shards)
+                    for layer, shards in self.splits.items()},
+            waves=waves, data_parallel=data_parallel,
+            predicted_peak_memory={rename(d): b for d, b in self.predicted_peak_memory.items()})
+
     def with_predictions(self, **fields) -> "Plan":
         """A copy with some fields replaced (``dataclasses.replace``)."""
         return dataclasses.replace(self, **fields)

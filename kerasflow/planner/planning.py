@@ -1,8 +1,8 @@
 """``plan()``: run every candidate strategy, keep the fastest that fits in memory.
 
-Candidates: single device, data parallelism, layer-wise model parallelism, HEFT and CPOP
-(each with op and with layer affinity), FastT's critical-path op splitting on top of the
-best list schedule, and Tick-Tock waves (data-parallel, model-parallel, and the best
+Candidates: single device, data parallelism (on several hosts, also inside the strongest
+host), layer-wise model parallelism, HEFT and CPOP (each with op and with layer affinity),
+FastT's critical-path op splitting on top of the best list schedule, and Tick-Tock waves (data-parallel, model-parallel, and the best
 placement run as two waves). Each candidate is judged by the simulator; the winner's
 predicted step time is the simulator's figure for it, and it records every candidate's.
 """
@@ -27,12 +27,12 @@ from .ticktock import (
     batch_coupled_ops, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
 )
 
-__all__ = ["plan", "candidate_plans", "CANDIDATES", "TICK_TOCK_MODES"]
+__all__ = ["plan", "candidate_plans", "strongest_host", "CANDIDATES", "TICK_TOCK_MODES"]
 
 TICK_TOCK_MODES = ("auto", "on", "off")
 
-CANDIDATES = ("single_device", "data_parallel", "layerwise_model_parallel", "heft", "heft-layers", "cpop",
-              "cpop-layers")
+CANDIDATES = ("single_device", "data_parallel", "data_parallel_one_host", "layerwise_model_parallel", "heft",
+              "heft-layers", "cpop", "cpop-layers")
 
 
 def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None,
@@ -80,6 +80,10 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
     makers: dict[str, Callable[..., Plan]] = {
         "single_device": lambda **_: baselines.single_device(graph, cluster, batch=batch),
         "data_parallel": lambda **_: baselines.data_parallel(graph, cluster, batch=batch),
+        # Several hosts: data parallelism inside the strongest host only, where the network
+        # would cost more than the other hosts' devices give.
+        "data_parallel_one_host": lambda **_: baselines.data_parallel(
+            graph, cluster, devices=strongest_host(cluster), batch=batch),
         "layerwise_model_parallel": lambda **_: baselines.layerwise_model_parallel(graph, cluster, batch=batch),
         "heft": lambda splits=None: heft(graph, cluster, splits=splits, **options),
         "heft-layers": lambda splits=None: heft(graph, cluster, splits=splits, affinity="layer", **options),
@@ -89,7 +93,9 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
     if len(cluster) < 2:
         candidates = ("single_device",)
     if not replicated:
-        candidates = tuple(c for c in candidates if c != "data_parallel")
+        candidates = tuple(c for c in candidates if not c.startswith("data_parallel"))
+    if len(cluster.hosts()) < 2:
+        candidates = tuple(c for c in candidates if c != "data_parallel_one_host")
     results: dict[str, Plan] = {}
     computed: dict[str, Plan] = {}
     misfits: list[str] = []
@@ -147,6 +153,18 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
             "Ways out: more devices, a smaller batch, Tick-Tock waves (tick_tock='on'), or a larger "
             "memory_limit. Details: " + " | ".join(misfits))
     return results, misfits
+
+
+def strongest_host(cluster: Cluster) -> list[str]:
+    """The devices of the host with the most total speed (the first such host on a tie).
+
+    Example:
+        >>> strongest_host(Cluster.preset("2x8xV100"))[0]
+        '/job:worker/replica:0/task:0/device:GPU:0'
+    """
+    hosts = cluster.hosts()
+    speed = {h: sum(cluster.device(d).speed for d in names) for h, names in hosts.items()}
+    return hosts[max(hosts, key=lambda h: (speed[h], -h))]
 
 
 def _add_wave_candidates(graph: OpGraph, cluster: Cluster, batch: int, computed: dict[str, Plan],

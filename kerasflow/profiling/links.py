@@ -4,7 +4,8 @@ Copies of 1 KiB to 256 MiB are timed between each ordered pair of devices; each 
 ``latency + bytes / bandwidth`` is fitted by least squares on (bytes, seconds) samples,
 taking the median of repeated copies per size. Between logical CPUs of one process a
 "copy" passes a reference, so nothing is measured: the ``cpu-testbed`` figures are used
-and the result says so.
+and the result says so. Between devices of different tasks (hosts of a multi-host
+cluster) one pair per pair of tasks is timed: the network dominates.
 """
 
 from __future__ import annotations
@@ -62,33 +63,61 @@ def measure_links(devices: Sequence[str], *, sizes: Sequence[int] = SIZES, repea
         >>> measure_links(["/CPU:0", "/CPU:1"]).measured  # doctest: +SKIP
         False
     """
-    known = {d.name.replace("/device:", "/").upper() for d in tf.config.list_logical_devices()}
+    from kerasflow.multihost import task_of
+    from kerasflow.strategies.applier import normalize_device
+
+    known = {normalize_device(d.name).upper() for d in tf.config.list_logical_devices()}
     for device in devices:
-        if device.replace("/device:", "/").upper() not in known:
+        if normalize_device(device).upper() not in known:
             raise KerasflowError(f"Device {device!r} does not exist; TensorFlow has {sorted(known)}.")
-    if all("CPU" in d.upper() for d in devices):
-        links = {(a, b): SAME_PROCESS for a in devices for b in devices if a != b}
-        return LinkMeasurement(links, False, "Logical CPUs of one process pass tensors by reference, so there "
-                                             "is no copy to time; the cpu-testbed link figures are used.")
-    links = {}
+
+    def same_process_cpus(a: str, b: str) -> bool:
+        return task_of(a) == task_of(b) and "CPU" in a.upper().rsplit("/", 1)[-1] and "CPU" in b.upper().rsplit("/", 1)[-1]
+
+    links, fitted = {}, {}
     for a in devices:
         for b in devices:
             if a == b:
                 continue
-            samples = []
-            for size in sizes:
-                with tf.device(a):
-                    source = tf.zeros([size // 4], tf.float32)
-                runs = []
-                for _ in range(repeats + 1):
-                    started = time.perf_counter()
-                    with tf.device(b):
-                        copied = tf.identity(source)
-                    copied.numpy() if "CPU" in b.upper() else tf.reduce_sum(copied[:1]).numpy()
-                    runs.append(time.perf_counter() - started)
-                samples.append((float(size), float(np.median(runs[1:]))))
-            links[(a, b)] = _fit(samples)
-    return LinkMeasurement(links, True, f"Fitted from timed copies of {sizes[0]} to {sizes[-1]} bytes.")
+            if same_process_cpus(a, b):
+                links[(a, b)] = SAME_PROCESS
+                continue
+            # Between tasks the network dominates: one timed pair stands for each pair of tasks.
+            key = (task_of(a), task_of(b)) if task_of(a) != task_of(b) else (a, b)
+            if key not in fitted:
+                fitted[key] = _fit(_time_copies(a, b, sizes, repeats))
+            links[(a, b)] = fitted[key]
+    if not fitted:
+        return LinkMeasurement(links, False, "Logical CPUs of one process pass tensors by reference, so there "
+                                             "is no copy to time; the cpu-testbed link figures are used.")
+    return LinkMeasurement(links, True, f"Fitted from timed copies of {sizes[0]} to {sizes[-1]} bytes"
+                                        f"{'' if len(fitted) == len(links) else ' (logical CPUs of one process: the cpu-testbed figures)'}.")
+
+
+def _time_copies(a: str, b: str, sizes: Sequence[int], repeats: int) -> list[tuple[float, float]]:
+    """(bytes, median seconds) of copies from ``a`` to ``b``, finished on ``b``."""
+    from kerasflow.multihost import task_of
+
+    samples = []
+    for size in sizes:
+        runs = []
+        for repeat in range(repeats + 1):
+            # A fresh tensor each time: TensorFlow keeps a tensor's copy on a remote device and
+            # would hand it back instead of copying again.
+            with tf.device(a):
+                source = tf.fill([size // 4], float(repeat))
+            if "CPU" not in a.upper().rsplit("/", 1)[-1] or task_of(a) != "local":
+                tf.reduce_sum(source[:1]).numpy()  # made before the clock starts
+            started = time.perf_counter()
+            with tf.device(b):
+                copied = tf.identity(source)
+                if "CPU" in b.upper() and task_of(b) == "local":
+                    copied.numpy()  # already here: no second copy
+                else:
+                    tf.reduce_sum(copied[:1]).numpy()  # wait on the target, fetch one number
+            runs.append(time.perf_counter() - started)
+        samples.append((float(size), float(np.median(runs[1:]))))
+    return samples
 
 
 def cluster_of(devices: Sequence[str], *, links: LinkMeasurement | None = None, name: str = "") -> Cluster:

@@ -71,9 +71,19 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         log_dir: where to write ``plan.json``, ``profile.json`` and ``timeline.json``.
         verbose: ``"auto"``/1 prints one report line after planning; 0 prints nothing.
         on_mismatch: ``"error"`` or ``"replan"`` for a ``plan=`` that does not fit the model.
+        cluster_resolver: several machines: a ``tf.distribute.cluster_resolver.ClusterResolver``
+            (default: ``TFConfigClusterResolver`` when ``TF_CONFIG`` is set). The strategy
+            connects to the cluster (every other task runs ``python -m kerasflow.worker``),
+            plans over the devices of every task (this process's first: it profiles) and
+            builds the two-level cluster. See docs/tutorials/05-several-machines.md.
+        inter_host_link: the network between hosts for the planner: a ``Link`` or
+            ``(latency s, bytes/s)``, or ``"measure"`` (timed copies, the default).
+        connect_timeout: seconds to wait for every task to answer before
+            ``ClusterConnectionError`` (which task, which address, what to check).
 
     Raises:
         KerasflowError: a device that does not exist, or bad options.
+        ClusterConnectionError: a task of the cluster is unreachable.
 
     Example:
         >>> strategy = kerasflow.FastTStrategy()  # doctest: +SKIP
@@ -86,9 +96,19 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
     def __init__(self, devices: list[str] | None = None, cluster: Cluster | str | None = None,
                  plan: Plan | str | None = None, warmup_steps: int | None = None, profile_steps: int | None = None,
                  split: bool | None = None, tick_tock: str | None = None, memory_limit: float | None = None,
-                 log_dir: str | None = None, verbose: Any = None, on_mismatch: str = "error"):
+                 log_dir: str | None = None, verbose: Any = None, on_mismatch: str = "error",
+                 cluster_resolver: Any = None, inter_host_link: Any = "measure",
+                 connect_timeout: float = 30.0):
+        from kerasflow import multihost
         from kerasflow.devices import default_devices
 
+        resolver = cluster_resolver if cluster_resolver is not None else multihost.resolver_from_environment()
+        if resolver is not None:
+            cluster_devices = multihost.connect(resolver, timeout=connect_timeout)
+            devices = devices or cluster_devices
+            if cluster is None:
+                cluster = multihost.multihost_cluster([_canonical(d) for d in devices],
+                                                      inter_host_link=inter_host_link)
         devices = [_canonical(d) for d in (devices or default_devices())]
         known = _known_devices()
         missing = [d for d in devices if d not in known]

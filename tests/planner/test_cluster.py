@@ -67,3 +67,18 @@ def test_bad_cluster_files(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(FileFormatError, match="cluster.json' is invalid: Each device needs 'name', 'kind' and 'memory'"):
         Cluster.load(path)
+
+
+def test_two_level_clusters_and_their_hosts():
+    devices = [Device(f"/job:worker/replica:0/task:{h}/device:GPU:{i}", "V100", 2**34, host=h)
+               for h in range(2) for i in range(2)]
+    inside, network = Link(5e-6, 25e9), Link(25e-6, 12.5e9)
+    cluster = Cluster.two_level(devices, inside, network, name="2x2")
+    names = cluster.device_names
+    assert cluster.link(names[0], names[1]) == inside and cluster.link(names[2], names[3]) == inside
+    assert cluster.link(names[0], names[2]) == network and cluster.link(names[3], names[1]) == network
+    assert cluster.hosts() == {0: names[:2], 1: names[2:]}
+    preset = Cluster.preset("2x8xV100")
+    assert [len(v) for v in preset.hosts().values()] == [8, 8]
+    with pytest.raises(InvalidClusterError, match="inter_host"):
+        Cluster.two_level(devices, inside, (1.0, -5))

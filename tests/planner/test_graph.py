@@ -136,3 +136,16 @@ def test_importing_the_planner_does_not_import_tensorflow_or_keras():
 def test_edges_accept_lists_and_mappings():
     graph = OpGraph([op("a", 1.0, [4]), op("b")], [{"src": "a", "dst": "b", "output": 0}])
     assert graph.edges == (Edge("a", "b", 0),)
+
+
+def test_gzip_round_trip_is_byte_identical_and_bad_gzip_is_named(tmp_path):
+    graph = synthetic.inception_like(blocks=1, branches=3)
+    path = tmp_path / "profile.json.gz"
+    graph.save(path)
+    assert path.read_bytes()[:2] == b"\x1f\x8b"  # gzip magic
+    assert OpGraph.load(path).to_dict() == graph.to_dict()
+    OpGraph.load(path).save(tmp_path / "again.json.gz")
+    assert (tmp_path / "again.json.gz").read_bytes() == path.read_bytes()
+    (tmp_path / "broken.json.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(FileFormatError, match="Cannot read profile .*broken.json.gz"):
+        OpGraph.load(tmp_path / "broken.json.gz")

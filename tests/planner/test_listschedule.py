@@ -129,3 +129,44 @@ def test_plans_are_valid_for_every_family():
             plan = make(graph, c, affinity="layer")
             plan.validate(graph, c)
             assert set(plan.placement) == {o.name for o in graph.ops}
+
+
+def two_hosts_of_two(inter_bandwidth):
+    # Hosts {D0, D1} and {D2, D3}: nearly free copies inside a host, inter_bandwidth between.
+    devices = [Device(f"/D:{i}", "X", 10**9, memory_bandwidth=1e30, launch_overhead=0.0, host=i // 2)
+               for i in range(4)]
+    return Cluster.two_level(devices, Link(0.0, 1e12), Link(0.0, inter_bandwidth), name="2x2")
+
+
+def chatty_fork():
+    # p fans out to c1, c2, c3 (100 B each), which join in j; every op takes 1 s.
+    ops = [op("p", 1.0, [100]), op("c1", 1.0, [100]), op("c2", 1.0, [100]), op("c3", 1.0, [100]), op("j", 1.0)]
+    edges = [("p", c, 0) for c in ("c1", "c2", "c3")] + [(c, "j", 0) for c in ("c1", "c2", "c3")]
+    return OpGraph(ops, edges)
+
+
+def test_chatty_ops_stay_inside_a_host_when_the_network_is_slow():
+    graph = chatty_fork()
+    # Between hosts at 1 B/s a 100 B tensor takes 100 s: the third branch waits for a device of
+    # p's host instead (p 0-1 s, two branches 1-2 s, the third 2-3 s, j 3-4 s).
+    slow = heft(graph, two_hosts_of_two(1.0))
+    assert {slow.placement[name] for name in slow.placement} <= {"/D:0", "/D:1"}
+    assert slow.predicted_step_time == pytest.approx(4.0, abs=1e-6)
+    # With a network as fast as the host's links, the third branch runs beside the others.
+    fast = heft(graph, two_hosts_of_two(1e12))
+    assert fast.predicted_step_time == pytest.approx(3.0, abs=1e-6)
+    assert len(set(fast.placement[c] for c in ("c1", "c2", "c3"))) == 3
+
+
+def test_on_two_hosts_data_parallelism_inside_one_host_is_a_candidate():
+    from kerasflow.planner.planning import candidate_plans, strongest_host
+
+    graph = synthetic.chain_mlp(layers=2, kinds=["V100"])
+    two = Cluster.preset("2x8xV100")
+    assert strongest_host(two) == two.hosts()[0]
+    plans, _ = candidate_plans(graph, two, split=False, tick_tock="off", verbose=0)
+    assert plans["data_parallel_one_host"].data_parallel.devices == tuple(two.hosts()[0])
+    assert set(plans["data_parallel"].data_parallel.devices) == set(two.device_names)
+    # one host: the candidate is not offered
+    plans, _ = candidate_plans(graph, "8xV100-nvlink", split=False, tick_tock="off", verbose=0)
+    assert "data_parallel_one_host" not in plans

@@ -119,3 +119,22 @@ def test_plans_are_immutable():
     plan = Plan(placement={"a": "/D:0"})
     with pytest.raises(TypeError):
         plan.placement["a"] = "/D:1"
+
+
+def test_with_devices_renames_everywhere_and_refuses_merges():
+    from kerasflow.planner import Shard, Waves
+
+    plan = Plan(placement={"a": "/GPU:0", "b": "/GPU:1"}, order={"/GPU:0": ["a"], "/GPU:1": ["b"]},
+                splits={"L": (Shard("/GPU:0", 0.5), Shard("/GPU:1", 0.5))},
+                waves=Waves(2, stage_maps=({}, {"/GPU:0": "/GPU:1", "/GPU:1": "/GPU:0"})),
+                predicted_peak_memory={"/GPU:0": 1.0, "/GPU:1": 2.0})
+    remote = "/job:worker/replica:0/task:1/device:GPU:0"
+    moved = plan.with_devices({"/GPU:1": remote})
+    assert moved.placement == {"a": "/GPU:0", "b": remote}
+    assert moved.order == {"/GPU:0": ("a",), remote: ("b",)}
+    assert [s.device for s in moved.splits["L"]] == ["/GPU:0", remote]
+    assert moved.waves.stage_maps[1] == {"/GPU:0": remote, remote: "/GPU:0"}
+    assert moved.predicted_peak_memory == {"/GPU:0": 1.0, remote: 2.0}
+    assert moved.with_devices({remote: "/GPU:1"}).to_dict() == plan.to_dict()
+    with pytest.raises(InvalidPlanError, match="would merge devices"):
+        plan.with_devices({"/GPU:1": "/GPU:0"})

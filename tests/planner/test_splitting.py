@@ -7,10 +7,12 @@ from kerasflow.planner import (
     Cluster, Device, InsufficientMemoryError, InvalidPlanError, Link, OpGraph, Plan, baselines, heft, plan,
     simulate, synthetic,
 )
-from kerasflow.planner.splitting import balanced_shards, critical_tasks, splittable_layers, split_search
+from kerasflow.planner.splitting import (
+    balanced_shards, critical_tasks, layer_weight_bytes, split_pays, splittable_layers, split_search,
+)
 from kerasflow.planner.taskgraph import build_task_graph
 from kerasflow.planner.simulator import run_task_graph
-from tests.planner.helpers import op
+from tests.planner.helpers import cluster, op
 
 
 def big_layer_graph():
@@ -140,3 +142,46 @@ def test_kerasflow_plan_is_the_planner():
     from kerasflow.planner.plan import Plan as PlanClass
 
     assert PlanClass is Plan
+
+
+def convs_then_a_dense_layer():
+    # x -> C0 -> C1 -> C2 -> F -> y at batch 8. Each C costs 1 s per sample and reads 4 B of
+    # weights; F costs 0.25 s per sample and reads 1000 B of weights. Activations: 1 B/sample.
+    ops, edges, previous = [op("x", 0.0, [(0, 1)], phase="other")], [], "x"
+    for layer, per_sample, weights in (("C0", 1.0, 4), ("C1", 1.0, 4), ("C2", 1.0, 4), ("F", 0.25, 1000)):
+        ops += [op(f"{layer}/var", 0.0, phase="other", layer=layer, persistent_bytes=weights, colocation=layer),
+                op(f"{layer}/read", 0.0, [(weights, 0)], layer=layer, colocation=layer),
+                op(f"{layer}/compute", (0.0, per_sample), [(0, 1)], layer=layer, batch_axis=0)]
+        edges += [(f"{layer}/var", f"{layer}/read", None), (f"{layer}/read", f"{layer}/compute", 0),
+                  (previous, f"{layer}/compute", 0)]
+        previous = f"{layer}/compute"
+    ops.append(op("y", 0.0))
+    edges.append((previous, "y", 0))
+    return OpGraph(ops, edges, batch_size=8)
+
+
+def test_weights_per_layer_and_whether_a_split_pays():
+    graph = convs_then_a_dense_layer()
+    assert layer_weight_bytes(graph, 8) == {"C0": 4.0, "C1": 4.0, "C2": 4.0, "F": 1000.0}
+    # C: 8 s on the path, halved saves 4 s; its weights out and gradient back: 2 x 4 B / 100 B/s.
+    assert split_pays(8.0, 4.0, 2, 1 / 100)
+    # F: 2 s halved saves 1 s; 2 x 1000 B / 100 B/s = 20 s of copies.
+    assert not split_pays(2.0, 1000.0, 2, 1 / 100)
+
+
+def test_the_paying_layers_are_split_together_and_the_dense_layer_is_left_whole():
+    graph, c = convs_then_a_dense_layer(), cluster(2, bandwidth=100.0)
+    base = heft(graph, c)
+    assert base.predicted_step_time == pytest.approx(26.0)  # 3 x 8 s + 2 s on one device
+    # Two evaluations: every path layer split in two (F's 1000 B of weights cross the link:
+    # slower), then the paying subset C0-C2.
+    best, evaluations = split_search(graph, c, base, lambda splits: heft(graph, c, splits=splits),
+                                     max_evaluations=2)
+    assert evaluations == 2
+    assert set(best.splits) == {"C0", "C1", "C2"}
+    # HEFT puts F on the second device. That device first receives C0's weights and its half of
+    # x over one link (4 B + 4 B at 100 B/s: 0.08 s; C1's and C2's weights follow under its
+    # work), runs 3 x 4 s of convolution halves (done at 12.08 s; the first device's half of
+    # C2's output arrives at 12.04 s), then F's 2 s: 14.08 s.
+    assert best.splits["C0"][1].device == best.placement["F/compute"] == "/D:1"
+    assert best.predicted_step_time == pytest.approx(14.08, abs=1e-6)

@@ -54,3 +54,18 @@ def test_roofline_and_estimates():
         estimate_costs(graph, "TPU")
     with pytest.raises(InvalidGraphError, match="Unknown synthetic family"):
         synthetic.build("resnet")
+
+
+def test_ops_that_launch_no_kernel_cost_nothing_on_any_device():
+    from kerasflow.planner.graph import Affine, Op, OpGraph
+
+    ops = [Op("c", type="Const", phase="other", output_bytes=[Affine(400.0)], bytes_accessed=Affine(400.0)),
+           Op("r", type="Reshape", output_bytes=[Affine(0.0, 64.0)], bytes_accessed=Affine(0.0, 128.0)),
+           Op("m", type="MatMul", output_bytes=[Affine(0.0, 64.0)], flops=Affine(0.0, 2e3),
+              bytes_accessed=Affine(0.0, 128.0))]
+    graph = estimate_costs(OpGraph(ops, [("c", "r", 0), ("r", "m", 0)]), ["V100", "H100"])
+    for kind in ("V100", "H100"):
+        assert graph.op("c").cost[kind] == Affine(0.0, 0.0)
+        assert graph.op("r").cost[kind] == Affine(0.0, 0.0)
+        # a kernel: at least the launch overhead, and more per sample
+        assert graph.op("m").cost[kind].fixed > 0 and graph.op("m").cost[kind].per_sample > 0

@@ -132,6 +132,20 @@ def test_multiple_inputs_and_outputs():
     assert {"da", "db", "merge", "o1", "o2"} <= {op.layer for op in graph.ops}
 
 
+def test_gradients_of_a_shared_layer_are_summed_in_its_backward_pass():
+    inputs = keras.Input((6,), name="x")
+    shared = keras.layers.Dense(6, name="shared")
+    outputs = keras.layers.Dense(1, name="out")(shared(shared(inputs)))  # the kernel is used twice
+    model = keras.Model(inputs, outputs, name="shared_twice")
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.random.rand(16, 6).astype("float32"), np.random.rand(16, 1).astype("float32")
+    step = capture_step(model, (x, y))
+    sums = [op for op in step.ops if op.type == "AddN" and not op.name.startswith("gradient_tape/")]
+    assert sums, "TensorFlow sums a twice-used weight's gradients with an AddN outside the tape scope"
+    for op in sums:
+        assert (op.phase, op.layer, op.batch_axis) == ("backward", "shared", 0)
+
+
 def test_uncompiled_model_is_refused():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     with pytest.raises(ProfilingError, match="not compiled: call model.compile"):

@@ -1,0 +1,280 @@
+"""Several machines on TensorFlow's distributed runtime: connect, list every task's devices, build the two-level cluster.
+
+kerasflow builds no transport of its own. Each host runs a ``tf.distribute.Server``
+(``python -m kerasflow.worker``); the chief connects with
+``tf.config.experimental_connect_to_cluster``, after which the devices of every task are
+TensorFlow devices with names such as ``/job:worker/replica:0/task:1/device:GPU:0``. A plan
+places ops on them and TensorFlow's partitioner inserts the send/receive pairs between hosts.
+``FastTStrategy(cluster_resolver=...)`` calls ``connect`` and ``multihost_cluster``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Sequence
+
+from kerasflow.planner.cluster import SAME_PROCESS, Cluster, Device, Link
+from kerasflow.planner.errors import ClusterConnectionError, KerasflowError
+from kerasflow.planner.hardware import DEVICE_SPECS
+
+__all__ = ["resolver_from_environment", "task_addresses", "wait_for_tasks", "connect", "task_of",
+           "multihost_cluster"]
+
+DEFAULT_CONNECT_TIMEOUT = 30.0
+
+
+def resolver_from_environment():
+    """A ``TFConfigClusterResolver`` when ``TF_CONFIG`` names a cluster, else None.
+
+    Raises:
+        ClusterConnectionError: ``TF_CONFIG`` is set but is not valid JSON with a ``cluster``.
+
+    Example:
+        >>> os.environ.pop("TF_CONFIG", None) and None
+        >>> resolver_from_environment() is None
+        True
+    """
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return None
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ClusterConnectionError(
+            f"TF_CONFIG is not valid JSON ({error}); received {raw[:200]!r}. Set it to "
+            '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}.') from None
+    if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict) or not config["cluster"]:
+        raise ClusterConnectionError(
+            f"TF_CONFIG has no 'cluster' mapping of jobs to addresses; received {raw[:200]!r}.")
+    import tensorflow as tf
+
+    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
+def _local_task(resolver) -> tuple[str, int] | None:
+    """The (job, index) this process is in the cluster spec, or None for a pure client."""
+    spec = resolver.cluster_spec()
+    job = getattr(resolver, "task_type", None)
+    if job and job in spec.jobs:
+        return job, int(getattr(resolver, "task_id", 0) or 0)
+    return None
+
+
+def task_addresses(resolver) -> list[tuple[str, int, str]]:
+    """Every task of the resolver's cluster as ``(job, index, "host:port")``, in job order.
+
+    Raises:
+        ClusterConnectionError: the cluster spec is empty.
+    """
+    spec = resolver.cluster_spec()
+    tasks = []
+    for job in spec.jobs:
+        for index in spec.task_indices(job):
+            tasks.append((job, index, spec.task_address(job, index)))
+    if not tasks:
+        raise ClusterConnectionError(
+            "The cluster resolver describes no tasks; received an empty cluster spec. Give it the jobs and "
+            "their addresses (TF_CONFIG's 'cluster', or a tf.train.ClusterSpec).")
+    return tasks
+
+
+def _reachable(address: str, deadline: float) -> str | None:
+    """None once ``address`` accepts a TCP connection before ``deadline``; else the last error."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        return f"the address {address!r} is not host:port"
+    error = "no attempt"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return error
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(left, 2.0)):
+                return None
+        except OSError as failure:
+            error = str(failure) or type(failure).__name__
+            time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+
+
+def wait_for_tasks(resolver, timeout: float = DEFAULT_CONNECT_TIMEOUT) -> None:
+    """Waits until every other task of the cluster accepts connections, at most ``timeout`` seconds.
+
+    TensorFlow itself retries an unreachable task for a long time; this check gives up at
+    the deadline and says which task, where, and what to check.
+
+    Raises:
+        ClusterConnectionError: a task did not answer in time.
+
+    Example:
+        >>> import tensorflow as tf  # doctest: +SKIP
+        >>> spec = tf.train.ClusterSpec({"worker": ["127.0.0.1:1"]})  # doctest: +SKIP
+        >>> wait_for_tasks(tf.distribute.cluster_resolver.SimpleClusterResolver(spec), 1)  # doctest: +SKIP
+        Traceback (most recent call last):
+        ClusterConnectionError: Task worker:0 at 127.0.0.1:1 did not answer within 1 s ...
+    """
+    local = _local_task(resolver)
+    deadline = time.monotonic() + timeout
+    missing = []
+    for job, index, address in task_addresses(resolver):
+        if (job, index) == local:
+            continue
+        error = _reachable(address, deadline)
+        if error is not None:
+            missing.append((job, index, address, error))
+    if missing:
+        listed = "; ".join(f"task {job}:{index} at {address} ({error})" for job, index, address, error in missing)
+        raise ClusterConnectionError(
+            f"{len(missing)} task(s) of the cluster did not answer within {timeout:g} s: {listed}. Check that "
+            "`python -m kerasflow.worker` runs on each of those hosts with the same TF_CONFIG 'cluster' (and its "
+            "own 'task'), that the host names resolve from here, and that a firewall lets this machine reach those "
+            "ports; or raise connect_timeout.")
+
+
+def connect(cluster_resolver=None, *, timeout: float = DEFAULT_CONNECT_TIMEOUT) -> list[str]:
+    """Connects this process (the chief) to the cluster and returns the devices of every task.
+
+    Args:
+        cluster_resolver: a ``tf.distribute.cluster_resolver.ClusterResolver`` (default:
+            ``TFConfigClusterResolver`` from ``TF_CONFIG``). When its ``task_type`` is a job of
+            the cluster, this process serves that task; otherwise it joins as a client.
+        timeout: seconds to wait for every other task to answer.
+
+    Returns:
+        Device names: this process's devices first (GPUs, else CPUs), then each task's, in
+        the order of the cluster spec; remote ones in full
+        (``/job:worker/replica:0/task:1/device:CPU:0``).
+
+    Raises:
+        ClusterConnectionError: no cluster given, or a task unreachable within ``timeout``.
+
+    Example:
+        >>> devices = kerasflow.multihost.connect(resolver, timeout=30)  # doctest: +SKIP
+        >>> devices[:2]  # doctest: +SKIP
+        ['/CPU:0', '/job:worker/replica:0/task:0/device:CPU:0']
+    """
+    resolver = cluster_resolver or resolver_from_environment()
+    if resolver is None:
+        raise ClusterConnectionError(
+            "No cluster to connect to: pass cluster_resolver= (a tf.distribute.cluster_resolver.ClusterResolver) "
+            "or set TF_CONFIG.")
+    wait_for_tasks(resolver, timeout)
+    import tensorflow as tf
+
+    local = _local_task(resolver)
+    job, index = local if local is not None else ("localhost", 0)
+    try:
+        tf.config.experimental_connect_to_cluster(resolver.cluster_spec(), job_name=job, task_index=index,
+                                                  protocol=getattr(resolver, "rpc_layer", None) or "grpc")
+    except (ValueError, RuntimeError, tf.errors.OpError) as error:
+        raise ClusterConnectionError(
+            f"TensorFlow could not connect to the cluster {resolver.cluster_spec().as_dict()} as {job}:{index}: "
+            f"{str(error).splitlines()[0]}. Check that every task runs `python -m kerasflow.worker` with this "
+            "TF_CONFIG, and connect before building any model.") from None
+    return _cluster_devices(f"/job:{job}/replica:0/task:{index}")
+
+
+def _cluster_devices(local_task: str) -> list[str]:
+    import tensorflow as tf
+
+    from kerasflow.strategies.applier import normalize_device
+
+    by_task: dict[str, list[str]] = {}
+    for device in tf.config.list_logical_devices():
+        if device.device_type not in ("CPU", "GPU"):
+            continue
+        name = normalize_device(device.name)
+        task = task_of(name)
+        by_task.setdefault("local" if task == local_task else task, []).append(name)
+    ordered = []
+    # This process's devices first: the strategy profiles on the first device, and TensorFlow's
+    # profiler sees the kernels of this process only.
+    for task in sorted(by_task, key=lambda t: (t != "local", t)):
+        names = by_task[task]
+        gpus = [n for n in names if "GPU" in n.upper().rsplit("/", 1)[-1]]
+        ordered.extend(sorted(gpus or names, key=_device_sort_key))
+    return ordered
+
+
+def _device_sort_key(name: str) -> tuple:
+    prefix, _, index = name.rpartition(":")
+    return (prefix, int(index) if index.isdigit() else 0)
+
+
+def task_of(device: str) -> str:
+    """The task a device belongs to: ``"/job:worker/replica:0/task:1"``, or ``"local"`` for this process's
+    devices named in short (``"/CPU:0"``).
+
+    Example:
+        >>> task_of("/job:worker/replica:0/task:1/device:GPU:0"), task_of("/GPU:3")
+        ('/job:worker/replica:0/task:1', 'local')
+    """
+    if device.startswith("/job:") and "/device:" in device:
+        return device.split("/device:", 1)[0]
+    return "local"
+
+
+def multihost_cluster(devices: Sequence[str], *, inter_host_link: Link | tuple | str | None = "measure",
+                      intra_host_link: Link | tuple | None = None, name: str = "") -> Cluster:
+    """The ``Cluster`` of a connected multi-host setup: one host per task, two levels of links.
+
+    Args:
+        devices: device names as ``connect`` returns them.
+        inter_host_link: the network between tasks: a ``Link``/``(latency s, bytes/s)``, or
+            ``"measure"`` (timed copies between the first devices of two tasks, with
+            ``kerasflow.profiling.measure_links``).
+        intra_host_link: the link inside a task (default: measured between the local GPUs,
+            or the same-process figure for CPUs).
+        name: the cluster's label.
+
+    Kinds: a remote GPU takes the kind of the local GPU of the same index (hosts are assumed
+    alike), so the chief's profile prices every device.
+
+    Raises:
+        KerasflowError: a device that does not exist.
+
+    Example:
+        >>> cluster = multihost_cluster(devices, inter_host_link=(25e-6, 12.5e9))  # doctest: +SKIP
+        >>> sorted(cluster.hosts())  # doctest: +SKIP
+        [0, 1, 2]
+    """
+    from kerasflow.devices import device_kind
+    from kerasflow.profiling.links import measure_links
+
+    devices = list(devices)
+    hosts: dict[str, int] = {}
+    built = []
+    for device in devices:
+        # device_kind reads the local GPU of the same index: hosts are assumed alike.
+        kind = device_kind(device)
+        memory = DEVICE_SPECS[kind].memory if kind in DEVICE_SPECS else 16 * 2**30
+        built.append(Device(device, kind, memory, host=hosts.setdefault(task_of(device), len(hosts))))
+    if intra_host_link is None:
+        first_host = [d for d in devices if hosts[task_of(d)] == 0]
+        if len(first_host) > 1 and _type(first_host[0]) == "GPU":
+            intra_host_link = measure_links(first_host[:2]).links[(first_host[0], first_host[1])]
+        else:
+            intra_host_link = SAME_PROCESS
+    if isinstance(inter_host_link, str):
+        if inter_host_link != "measure":
+            raise KerasflowError(f"inter_host_link must be a Link, (latency, bandwidth) or 'measure'; received "
+                                 f"{inter_host_link!r}.")
+        firsts = {}
+        for device in devices:
+            firsts.setdefault(hosts[task_of(device)], device)
+        if len(firsts) > 1:
+            a, b = firsts[0], firsts[1]
+            inter_host_link = measure_links([a, b], sizes=tuple(2**k for k in range(10, 25, 2)),
+                                            repeats=3).links[(a, b)]
+        else:
+            inter_host_link = intra_host_link
+    return Cluster.two_level(built, intra_host_link, inter_host_link,
+                             name=name or f"{len(hosts)}-host:{len(devices)}")
+
+
+def _type(device: str) -> str:
+    return "GPU" if "GPU" in device.upper().rsplit("/", 1)[-1] else "CPU"
+

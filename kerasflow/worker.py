@@ -1,0 +1,185 @@
+"""``python -m kerasflow.worker``: serve this host's devices to a multi-host ``FastTStrategy``.
+
+Run it on every host except the chief, with the same ``TF_CONFIG`` ``cluster`` everywhere and
+this host's own ``task``::
+
+    TF_CONFIG='{"cluster": {"worker": ["10.0.0.2:2222", "10.0.0.3:2222"]},
+                "task": {"type": "worker", "index": 0}}' python -m kerasflow.worker
+
+It starts a ``tf.distribute.Server`` for that task and blocks (``join``) until it is stopped
+(Ctrl-C or SIGTERM). The chief then runs ``FastTStrategy(cluster_resolver=...)`` and ``fit``.
+``--virtual-cpus N`` splits the host CPU into N logical devices (to try it on one machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Iterator
+
+__all__ = ["main", "server_for", "free_ports", "local_cluster"]
+
+
+def server_for(config: dict, *, cpus: int | None = None, start: bool = True):
+    """A ``tf.distribute.Server`` for the task ``config`` (TF_CONFIG's content) names.
+
+    ``cpus`` splits the host CPU into that many devices (the server builds its own devices
+    from its session config, not from ``tf.config``'s logical devices).
+
+    Raises:
+        ClusterConnectionError: no ``cluster``/``task``, or a task not in the cluster.
+
+    Example:
+        >>> server = server_for({"cluster": {"worker": ["127.0.0.1:2222"]},
+        ...                      "task": {"type": "worker", "index": 0}})  # doctest: +SKIP
+        >>> server.target  # doctest: +SKIP
+        'grpc://127.0.0.1:2222'
+    """
+    from kerasflow.planner.errors import ClusterConnectionError
+
+    cluster, task = config.get("cluster"), config.get("task")
+    if not isinstance(cluster, dict) or not cluster:
+        raise ClusterConnectionError(f"TF_CONFIG needs a 'cluster' mapping jobs to addresses; received {config!r}.")
+    if not isinstance(task, dict) or task.get("type") not in cluster:
+        raise ClusterConnectionError(
+            f"TF_CONFIG's 'task' must name one of the cluster's jobs {sorted(cluster)} with an 'index'; received "
+            f"{task!r}.")
+    job, index = task["type"], int(task.get("index", 0))
+    if not 0 <= index < len(cluster[job]):
+        raise ClusterConnectionError(f"Task index {index} is outside job {job!r}, which has {len(cluster[job])} "
+                                     "task(s).")
+    import tensorflow as tf
+
+    session = tf.compat.v1.ConfigProto(device_count={"CPU": cpus}) if cpus else None
+    return tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
+                                protocol=config.get("rpc_layer") or "grpc", config=session, start=start)
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` TCP ports free on ``host`` right now (the OS picks them).
+
+    Example:
+        >>> len(set(free_ports(3)))
+        3
+    """
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _wait_until_serving(process: subprocess.Popen, timeout: float) -> None:
+    """Waits for the worker's "serving on" line; a thread then drains its output to the end,
+    so a chatty worker never blocks on a full pipe."""
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout] + [lines.put(None)],
+                     daemon=True).start()
+    deadline, seen = time.monotonic() + timeout, []
+    while True:
+        try:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+        except queue.Empty:
+            break
+        if line is None:  # it exited
+            break
+        seen.append(line)
+        if "serving on" in line:
+            return
+    from kerasflow.planner.errors import ClusterConnectionError
+
+    raise ClusterConnectionError(f"A local worker did not start within {timeout:g} s; its output: "
+                                 f"{''.join(seen)[-2000:]!r}")
+
+
+@contextlib.contextmanager
+def local_cluster(workers: int = 2, *, virtual_cpus: int = 2, timeout: float = 120.0) -> Iterator[dict]:
+    """Runs ``workers`` worker processes on loopback for trying multi-host training on one machine.
+
+    Each is ``python -m kerasflow.worker --virtual-cpus N`` on a free port; they are stopped
+    when the block ends, whatever happens. The value is the ``TF_CONFIG`` cluster, with a free
+    address for the chief; run the chief (in another process: connecting changes TensorFlow's
+    context for good) with ``{"cluster": cluster, "task": {"type": "chief", "index": 0}}``.
+
+    Raises:
+        ClusterConnectionError: a worker did not start within ``timeout`` seconds.
+
+    Example:
+        >>> with local_cluster(2) as cluster:  # doctest: +SKIP
+        ...     env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster,
+        ...                                                  "task": {"type": "chief", "index": 0}}))
+        ...     subprocess.run([sys.executable, "train.py"], env=env, check=True)
+    """
+    chief, *addresses = [f"127.0.0.1:{port}" for port in free_ports(workers + 1)]
+    cluster = {"chief": [chief], "worker": addresses}
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    processes: list[subprocess.Popen] = []
+    try:
+        for index in range(workers):
+            config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            processes.append(subprocess.Popen(
+                [sys.executable, "-m", "kerasflow.worker", "--virtual-cpus", str(virtual_cpus)],
+                env=dict(environment, TF_CONFIG=config), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True))
+        for process in processes:
+            _wait_until_serving(process, timeout)
+        yield cluster
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kerasflow.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--virtual-cpus", type=int, default=None, metavar="N",
+                        help="split this host's CPU into N logical devices")
+    parser.add_argument("--tf-config", default=None, help="the TF_CONFIG JSON (default: the environment's)")
+    args = parser.parse_args(argv)
+    raw = args.tf_config or os.environ.get("TF_CONFIG")
+    if not raw:
+        print("kerasflow.worker: TF_CONFIG is not set; set it to this host's cluster and task (see --help).",
+              file=sys.stderr)
+        return 2
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as error:
+        print(f"kerasflow.worker: TF_CONFIG is not valid JSON ({error}).", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from kerasflow.planner.errors import KerasflowError
+
+    try:
+        server = server_for(config, cpus=args.virtual_cpus)
+    except KerasflowError as error:
+        print(f"kerasflow.worker: {error}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    task = config["task"]
+    print(f"kerasflow.worker: {task['type']}:{task.get('index', 0)} serving on {server.target}", flush=True)
+    try:
+        server.join()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The chief of the multi-host test, run in its own process (connecting changes TensorFlow's
+context for good): connects through TF_CONFIG, trains with FastTStrategy, checkpoints, and
+writes its results as JSON.
+
+    TF_CONFIG='{"cluster": {"chief": [...], "worker": [...]}, "task": {"type": "chief", "index": 0}}' \
+        python -m tests.strategies.multihost_chief OUT.json CKPT_DIR
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import kerasflow  # noqa: E402
+from kerasflow.multihost import multihost_cluster, task_of  # noqa: E402
+
+
+def main(out: str, checkpoint_dir: str) -> None:
+    import keras
+    import numpy as np
+
+    from tests.strategies.test_fastt_strategy import BUILDERS, build_under, data_for, fit
+
+    # A fast network, given: the test checks that a plan spanning tasks runs and trains
+    # right, whatever loopback's measured figure would make the planner prefer.
+    strategy = kerasflow.FastTStrategy(inter_host_link=(20e-6, 5e9), split=False, tick_tock="off", verbose=0,
+                                       connect_timeout=60)
+    x, y = data_for("cnn")
+    model = build_under(strategy, "cnn")
+    loss = fit(model, x, y)
+    path = os.path.join(checkpoint_dir, "chief.weights.h5")
+    model.save_weights(path)
+    keras.utils.set_random_seed(7)
+    restored = BUILDERS["cnn"][0](keras)
+    restored.load_weights(path)
+    checkpoint_ok = all(np.array_equal(a, b) for a, b in zip(model.get_weights(), restored.get_weights()))
+    measured = multihost_cluster(strategy.devices)  # the network measured over loopback
+    first, other = strategy.devices[0], next(d for d in strategy.devices if task_of(d) != task_of(strategy.devices[0]))
+    link = measured.link(first, other)
+    result = {
+        "devices": strategy.devices,
+        "loss": loss,
+        "plan_tasks": sorted({task_of(d) for d in strategy.plan.placement.values()}) if strategy.plan else [],
+        "variable_tasks": sorted({task_of(kerasflow.strategies.applier.normalize_device(v.value.device))
+                                  for v in model.trainable_variables}),
+        "mismatches": len(strategy.placement_report() or []),
+        "checkpoint_ok": checkpoint_ok,
+        "hosts": {str(k): v for k, v in strategy._options.cluster.hosts().items()},
+        "measured_link": [link.latency, link.bandwidth],
+    }
+    with open(out, "w") as handle:
+        json.dump(result, handle)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

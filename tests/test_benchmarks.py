@@ -1,0 +1,38 @@
+"""The model zoo's cached graphs load without TensorFlow, and the report regenerates from them."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import zoo  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(zoo.WORKLOADS))
+def test_every_cached_zoo_graph_is_a_valid_training_step(name):
+    graph = zoo.graph(name)  # raises FileFormatError on a stale or broken cache
+    assert graph.batch_size == zoo.WORKLOADS[name].batch
+    phases = {op.phase for op in graph.ops}
+    assert {"forward", "backward", "update"} <= phases
+    assert set(zoo.KINDS) <= set(graph.device_kinds())
+    # FLOPs are affine in the batch: the traced convolutions and products grow with it.
+    assert sum(op.flops.per_sample for op in graph.ops) > 1e6
+
+
+def test_the_report_regenerates_from_the_cache(tmp_path):
+    out = tmp_path / "benchmarks.md"
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "report.py"), "--workloads", "vgg16",
+                          "--presets", "4xV100-pcie", "--testbed-rounds", "0", "--memory-limit", "4e9",
+                          "--out", str(out)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": ROOT}, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    text = out.read_text()
+    for heading in ("## Headline", "## Planner speed (measured)", "### 4xV100-pcie",
+                    "## Under a binding memory budget", "## CPU testbed (measured)", "## Published figures"):
+        assert heading in text
+    row = next(line for line in text.splitlines() if line.startswith("vgg16") and "x" in line)
+    assert "yes" in row  # FastT never worse than the best baseline
