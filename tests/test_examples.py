@@ -15,6 +15,7 @@ EXPECTED = {
     "offline_planning.py": ["Plan for 8xH100-nvlink", "applied; ops placed where planned: all"],
     "tick_tock_memory.py": ["tick_tock_model_parallel", "largest batch"],
     "tf_keras_legacy.py": ["Plan \""],
+    "several_machines_on_one.py": ["Ops placed where planned: all", "Checkpoint written by the chief", "Workers stopped."],
 }
 
 

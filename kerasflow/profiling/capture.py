@@ -268,11 +268,12 @@ def capture_step(model, batch) -> CapturedStep:
         elif op.phase != "forward" and op.name.startswith(_LOSS_SCOPES):
             op.phase = "forward"
         elif op.phase == "other" and op.inputs and all(by_name[src].phase == "backward" for src, _ in op.inputs):
-            # TensorFlow sums the gradients of a tensor used several times (a weight shared
-            # across unrolled time steps, a layer called twice) with an AddN created outside
-            # the tape's scope. It is backward work of the layer whose gradients it sums; left
-            # as "other" it would cut the backward pass, and data parallelism would all-reduce
-            # every partial gradient instead of their sum.
+            # TensorFlow sums the gradients of a tensor used several times with an AddN
+            # created outside the tape's scope: a weight shared across unrolled time steps or
+            # a layer called twice (the sum belongs to that layer), or a tensor feeding
+            # parallel branches or a residual (glue between layers, per sample). Left as
+            # "other", data parallelism would all-reduce every partial weight gradient, and
+            # the waves of Tick-Tock would be gathered at every branch point.
             op.phase = "backward"
             layers = {by_name[src].layer for src, _ in op.inputs}
             op.layer = layers.pop() if len(layers) == 1 else None

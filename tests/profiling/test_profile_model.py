@@ -144,6 +144,11 @@ def test_gradients_of_a_shared_layer_are_summed_in_its_backward_pass():
     assert sums, "TensorFlow sums a twice-used weight's gradients with an AddN outside the tape scope"
     for op in sums:
         assert (op.phase, op.layer, op.batch_axis) == ("backward", "shared", 0)
+    # The stem feeds parallel branches: its output's gradient is summed between layers, per sample.
+    cnn = models.inception_cnn(keras)
+    step = capture_step(cnn, models.image_data(16))
+    glue = [op for op in step.ops if op.type == "AddN" and not op.name.startswith("gradient_tape/")]
+    assert glue and all((op.phase, op.layer, op.batch_axis) == ("backward", None, 0) for op in glue)
 
 
 def test_uncompiled_model_is_refused():
