@@ -24,9 +24,8 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
-from _common import format_table, machine
+from _common import format_table, machine, step_durations
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -59,15 +58,7 @@ def worker(setup: str, model_name: str, steps: int) -> dict:
     shape = model.inputs[0].shape[1:]
     x = rng.random((steps * batch,) + tuple(shape), dtype=np.float32)
     y = rng.integers(0, 10, steps * batch)
-    ends = []
-
-    class Clock(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch_index, logs=None):
-            ends.append(time.perf_counter())
-
-    started = time.perf_counter()
-    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=[Clock()])
-    durations = np.diff([started] + ends)
+    durations = step_durations(model, x, y, batch)
     result = {"setup": setup, "model": model_name, "batch": batch}
     if setup == "fastt":
         driver = strategy._driver

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from _common import format_table, machine
+from _common import format_table, machine, step_durations
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -46,15 +46,7 @@ def _train(strategy, steps: int) -> float:
     rng = np.random.default_rng(0)
     x = rng.random((steps * BATCH, 32, 32, 3), dtype=np.float32)
     y = rng.integers(0, 10, steps * BATCH)
-    ends = []
-
-    class Clock(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch_index, logs=None):
-            ends.append(time.perf_counter())
-
-    started = time.perf_counter()
-    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, callbacks=[Clock()])
-    durations = np.diff([started] + ends)
+    durations = step_durations(model, x, y, BATCH)
     planned_from = strategy._driver.options.warmup_steps + strategy._driver.options.profile_steps
     return float(np.median(durations[planned_from + 3:]))
 

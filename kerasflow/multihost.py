@@ -20,10 +20,34 @@ from kerasflow.planner.cluster import SAME_PROCESS, Cluster, Device, Link
 from kerasflow.planner.errors import ClusterConnectionError, KerasflowError
 from kerasflow.planner.hardware import DEVICE_SPECS
 
-__all__ = ["resolver_from_environment", "task_addresses", "wait_for_tasks", "connect", "task_of",
-           "multihost_cluster"]
+__all__ = ["parse_tf_config", "resolver_from_environment", "task_addresses", "wait_for_tasks", "connect",
+           "task_of", "device_type", "multihost_cluster"]
 
 DEFAULT_CONNECT_TIMEOUT = 30.0
+
+
+def parse_tf_config(config: str | dict) -> dict:
+    """``TF_CONFIG`` (its JSON text, or the parsed mapping), checked to name a ``cluster``.
+
+    Raises:
+        ClusterConnectionError: not valid JSON, or no ``cluster`` mapping jobs to addresses.
+
+    Example:
+        >>> parse_tf_config('{"cluster": {"worker": ["10.0.0.2:2222"]}}')["cluster"]
+        {'worker': ['10.0.0.2:2222']}
+    """
+    raw = config
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError as error:
+            raise ClusterConnectionError(
+                f"TF_CONFIG is not valid JSON ({error}); received {raw[:200]!r}. Set it to "
+                '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}.') from None
+    if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict) or not config["cluster"]:
+        raise ClusterConnectionError(
+            f"TF_CONFIG has no 'cluster' mapping of jobs to addresses; received {str(raw)[:200]!r}.")
+    return config
 
 
 def resolver_from_environment():
@@ -40,15 +64,7 @@ def resolver_from_environment():
     raw = os.environ.get("TF_CONFIG")
     if not raw:
         return None
-    try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as error:
-        raise ClusterConnectionError(
-            f"TF_CONFIG is not valid JSON ({error}); received {raw[:200]!r}. Set it to "
-            '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}.') from None
-    if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict) or not config["cluster"]:
-        raise ClusterConnectionError(
-            f"TF_CONFIG has no 'cluster' mapping of jobs to addresses; received {raw[:200]!r}.")
+    parse_tf_config(raw)
     import tensorflow as tf
 
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -194,7 +210,7 @@ def _cluster_devices(local_task: str) -> list[str]:
     # profiler sees the kernels of this process only.
     for task in sorted(by_task, key=lambda t: (t != "local", t)):
         names = by_task[task]
-        gpus = [n for n in names if "GPU" in n.upper().rsplit("/", 1)[-1]]
+        gpus = [n for n in names if device_type(n) == "GPU"]
         ordered.extend(sorted(gpus or names, key=_device_sort_key))
     return ordered
 
@@ -254,7 +270,7 @@ def multihost_cluster(devices: Sequence[str], *, inter_host_link: Link | tuple |
         built.append(Device(device, kind, memory, host=hosts.setdefault(task_of(device), len(hosts))))
     if intra_host_link is None:
         first_host = [d for d in devices if hosts[task_of(d)] == 0]
-        if len(first_host) > 1 and _type(first_host[0]) == "GPU":
+        if len(first_host) > 1 and device_type(first_host[0]) == "GPU":
             intra_host_link = measure_links(first_host[:2]).links[(first_host[0], first_host[1])]
         else:
             intra_host_link = SAME_PROCESS
@@ -275,6 +291,12 @@ def multihost_cluster(devices: Sequence[str], *, inter_host_link: Link | tuple |
                              name=name or f"{len(hosts)}-host:{len(devices)}")
 
 
-def _type(device: str) -> str:
+def device_type(device: str) -> str:
+    """``"GPU"`` or ``"CPU"``, from the last part of a device name, short or full.
+
+    Example:
+        >>> device_type("/job:worker/replica:0/task:1/device:GPU:0"), device_type("/CPU:1")
+        ('GPU', 'CPU')
+    """
     return "GPU" if "GPU" in device.upper().rsplit("/", 1)[-1] else "CPU"
 

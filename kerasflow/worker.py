@@ -29,7 +29,7 @@ from typing import Iterator
 __all__ = ["main", "server_for", "free_ports", "local_cluster"]
 
 
-def server_for(config: dict, *, cpus: int | None = None, start: bool = True):
+def server_for(config: str | dict, *, cpus: int | None = None, start: bool = True):
     """A ``tf.distribute.Server`` for the task ``config`` (TF_CONFIG's content) names.
 
     ``cpus`` splits the host CPU into that many devices (the server builds its own devices
@@ -44,11 +44,11 @@ def server_for(config: dict, *, cpus: int | None = None, start: bool = True):
         >>> server.target  # doctest: +SKIP
         'grpc://127.0.0.1:2222'
     """
+    from kerasflow.multihost import parse_tf_config
     from kerasflow.planner.errors import ClusterConnectionError
 
-    cluster, task = config.get("cluster"), config.get("task")
-    if not isinstance(cluster, dict) or not cluster:
-        raise ClusterConnectionError(f"TF_CONFIG needs a 'cluster' mapping jobs to addresses; received {config!r}.")
+    config = parse_tf_config(config)
+    cluster, task = config["cluster"], config.get("task")
     if not isinstance(task, dict) or task.get("type") not in cluster:
         raise ClusterConnectionError(
             f"TF_CONFIG's 'task' must name one of the cluster's jobs {sorted(cluster)} with an 'index'; received "
@@ -158,15 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         print("kerasflow.worker: TF_CONFIG is not set; set it to this host's cluster and task (see --help).",
               file=sys.stderr)
         return 2
-    try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as error:
-        print(f"kerasflow.worker: TF_CONFIG is not valid JSON ({error}).", file=sys.stderr)
-        return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from kerasflow.multihost import parse_tf_config
     from kerasflow.planner.errors import KerasflowError
 
     try:
+        config = parse_tf_config(raw)
         server = server_for(config, cpus=args.virtual_cpus)
     except KerasflowError as error:
         print(f"kerasflow.worker: {error}", file=sys.stderr)

@@ -63,7 +63,7 @@ def measure_links(devices: Sequence[str], *, sizes: Sequence[int] = SIZES, repea
         >>> measure_links(["/CPU:0", "/CPU:1"]).measured  # doctest: +SKIP
         False
     """
-    from kerasflow.multihost import task_of
+    from kerasflow.multihost import device_type, task_of
     from kerasflow.strategies.applier import normalize_device
 
     known = {normalize_device(d.name).upper() for d in tf.config.list_logical_devices()}
@@ -72,7 +72,7 @@ def measure_links(devices: Sequence[str], *, sizes: Sequence[int] = SIZES, repea
             raise KerasflowError(f"Device {device!r} does not exist; TensorFlow has {sorted(known)}.")
 
     def same_process_cpus(a: str, b: str) -> bool:
-        return task_of(a) == task_of(b) and "CPU" in a.upper().rsplit("/", 1)[-1] and "CPU" in b.upper().rsplit("/", 1)[-1]
+        return task_of(a) == task_of(b) and device_type(a) == device_type(b) == "CPU"
 
     links, fitted = {}, {}
     for a in devices:
@@ -90,13 +90,14 @@ def measure_links(devices: Sequence[str], *, sizes: Sequence[int] = SIZES, repea
     if not fitted:
         return LinkMeasurement(links, False, "Logical CPUs of one process pass tensors by reference, so there "
                                              "is no copy to time; the cpu-testbed link figures are used.")
+    by_reference = any(link is SAME_PROCESS for link in links.values())
     return LinkMeasurement(links, True, f"Fitted from timed copies of {sizes[0]} to {sizes[-1]} bytes"
-                                        f"{'' if len(fitted) == len(links) else ' (logical CPUs of one process: the cpu-testbed figures)'}.")
+                                        f"{' (logical CPUs of one process: the cpu-testbed figures)' if by_reference else ''}.")
 
 
 def _time_copies(a: str, b: str, sizes: Sequence[int], repeats: int) -> list[tuple[float, float]]:
     """(bytes, median seconds) of copies from ``a`` to ``b``, finished on ``b``."""
-    from kerasflow.multihost import task_of
+    from kerasflow.multihost import device_type, task_of
 
     samples = []
     for size in sizes:
@@ -106,12 +107,12 @@ def _time_copies(a: str, b: str, sizes: Sequence[int], repeats: int) -> list[tup
             # would hand it back instead of copying again.
             with tf.device(a):
                 source = tf.fill([size // 4], float(repeat))
-            if "CPU" not in a.upper().rsplit("/", 1)[-1] or task_of(a) != "local":
+            if device_type(a) != "CPU" or task_of(a) != "local":
                 tf.reduce_sum(source[:1]).numpy()  # made before the clock starts
             started = time.perf_counter()
             with tf.device(b):
                 copied = tf.identity(source)
-                if "CPU" in b.upper() and task_of(b) == "local":
+                if device_type(b) == "CPU" and task_of(b) == "local":
                     copied.numpy()  # already here: no second copy
                 else:
                     tf.reduce_sum(copied[:1]).numpy()  # wait on the target, fetch one number
