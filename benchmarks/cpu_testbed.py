@@ -61,8 +61,7 @@ def worker(setup: str, model_name: str, steps: int) -> dict:
     durations = step_durations(model, x, y, batch)
     result = {"setup": setup, "model": model_name, "batch": batch}
     if setup == "fastt":
-        driver = strategy._driver
-        first_planned = driver.options.warmup_steps + driver.options.profile_steps
+        first_planned = strategy.options.warmup_steps + strategy.options.profile_steps
         steady = durations[first_planned + 3:]
         result["predicted"] = strategy.plan.predicted_step_time if strategy.plan else None
         result["algorithm"] = strategy.plan.algorithm if strategy.plan else "failed"

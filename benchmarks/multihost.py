@@ -47,7 +47,7 @@ def _train(strategy, steps: int) -> float:
     x = rng.random((steps * BATCH, 32, 32, 3), dtype=np.float32)
     y = rng.integers(0, 10, steps * BATCH)
     durations = step_durations(model, x, y, BATCH)
-    planned_from = strategy._driver.options.warmup_steps + strategy._driver.options.profile_steps
+    planned_from = strategy.options.warmup_steps + strategy.options.profile_steps
     return float(np.median(durations[planned_from + 3:]))
 
 

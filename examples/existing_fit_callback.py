@@ -38,7 +38,7 @@ def main() -> None:
         return
     fastt.plan.summary()
     report = fastt.placement_report()
-    print(f"Ops placed where planned: {'all' if not report else f'all but {len(report)}'}")
+    print(report.summary() if report is not None else "No plan was applied.")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,10 @@ def main() -> None:
     strategy.use_plan("plan_local.json")
     model.fit(x, y, batch_size=128, epochs=1, verbose=2)
     report = strategy.placement_report()
+    if report is None or not report.in_force:
+        print(f"Loaded plan {strategy.plan.algorithm!r} is not in force: "
+              f"{report.fallback if report is not None else 'it was never applied'}")
+        return
     print(f"Loaded plan {strategy.plan.algorithm!r} applied; ops placed where planned: "
           f"{'all' if not report else f'all but {len(report)}'}")
 

@@ -43,7 +43,7 @@ def chief() -> None:
     tasks = sorted({task_of(d) for d in strategy.plan.devices()})
     print(f"Plan {strategy.plan.algorithm!r} uses {len(tasks)} task(s): {tasks}")
     report = strategy.placement_report()
-    print(f"Ops placed where planned: {'all' if not report else f'all but {len(report)}'}")
+    print(report.summary() if report is not None else "No plan was applied.")
     model.save_weights("several_machines.weights.h5")  # written by the chief
     print("Checkpoint written by the chief: several_machines.weights.h5")
 

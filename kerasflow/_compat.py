@@ -11,7 +11,8 @@ from typing import Any
 import tensorflow as tf
 
 __all__ = [
-    "flavor", "is_keras_model", "variable_handle", "variable_path", "model_variables", "optimizer_name",
+    "flavor", "is_keras_model", "variable_handle", "variable_path", "model_variables",
+    "optimizer_names", "all_optimizers", "reindex_optimizers", "print_line", "fit_verbosity",
     "optimizer_variables", "metric_variables", "all_layers", "uses_jit", "disable_jit", "is_compiled",
     "layer_name_of_scope", "train_step", "strategy_scope", "run_step", "has_own_train_step",
     "model_of_step_function", "compute_loss", "finish_step", "can_move_variables",
@@ -64,15 +65,85 @@ def model_variables(model: Any) -> list:
     return list(model.variables)
 
 
-def optimizer_name(model: Any) -> str:
-    """The name scope the optimizer's update ops live in (``"adam"``, ``"Adam"``)."""
-    return model.optimizer.name
+def _is_optimizer(value: Any) -> bool:
+    bases = [_keras.optimizers.Optimizer]
+    if _tf_keras is not None:
+        bases.append(_tf_keras.optimizers.Optimizer)
+        legacy = getattr(getattr(_tf_keras.optimizers, "legacy", None), "Optimizer", None)
+        if legacy is not None:
+            bases.append(legacy)
+    return isinstance(value, tuple(bases))
+
+
+def all_optimizers(model: Any) -> list:
+    """Every optimizer the model owns: ``model.optimizer`` and any kept as an attribute (a
+    GAN's ``d_optimizer`` and ``g_optimizer``), once each, unwrapped from loss scaling."""
+    found, seen = [], set()
+    candidates = [getattr(model, "optimizer", None)] + list(vars(model).values())
+    for value in candidates:
+        if value is None or not _is_optimizer(value):
+            continue
+        inner = getattr(value, "inner_optimizer", None)  # mixed precision wraps the real one
+        for optimizer in (value, inner) if inner is not None and _is_optimizer(inner) else (value,):
+            if id(optimizer) not in seen:
+                seen.add(id(optimizer))
+                found.append(optimizer)
+    return found
+
+
+def optimizer_names(model: Any) -> list[str]:
+    """The name scopes of every optimizer the model owns."""
+    return [optimizer.name for optimizer in all_optimizers(model) if getattr(optimizer, "name", None)]
 
 
 def optimizer_variables(model: Any) -> list:
-    """The optimizer's variables: slots, iteration counter, learning rate."""
-    variables = model.optimizer.variables
-    return list(variables() if callable(variables) else variables)
+    """The variables of every optimizer the model owns: slots, iteration counters, learning rates."""
+    found, seen = [], set()
+    for optimizer in all_optimizers(model):
+        variables = optimizer.variables
+        for variable in variables() if callable(variables) else variables:
+            if id(variable) not in seen:
+                seen.add(id(variable))
+                found.append(variable)
+    return found
+
+
+def reindex_optimizers(model: Any) -> None:
+    """Rebuilds each Keras 3 optimizer's index of its variables after their TensorFlow variables
+    were swapped (the index is keyed by the TensorFlow variable)."""
+    for optimizer in all_optimizers(model):
+        indices = getattr(optimizer, "_trainable_variables_indices", None)
+        variables = getattr(optimizer, "_trainable_variables", None)
+        if indices is None or variables is None:
+            continue
+        indices.clear()
+        for i, variable in enumerate(variables):
+            indices[optimizer._var_key(variable)] = i
+
+
+def print_line(line: str) -> None:
+    """One line where Keras prints its progress (stdout, or absl logging when Keras' interactive
+    logging is off), so it shows in terminals, notebooks and logs alike."""
+    from keras.src.utils import io_utils
+
+    io_utils.print_msg(line)
+
+
+def fit_verbosity() -> Any:
+    """The ``verbose`` argument of the ``fit`` call running now (Keras 3 or tf-keras), or None.
+
+    ``FastTStrategy`` sees no callback parameters, so it reads the running ``fit`` frame.
+    """
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "fit" and "verbose" in frame.f_locals and "self" in frame.f_locals \
+                and is_keras_model(frame.f_locals["self"]):
+            return frame.f_locals["verbose"]
+        frame = frame.f_back
+    return None
 
 
 def metric_variables(model: Any) -> list:

@@ -9,7 +9,8 @@ import keras
 
 from kerasflow.planner import Cluster, Plan
 from kerasflow.planner.errors import KerasflowError
-from kerasflow.strategies.driver import Driver, Options
+from kerasflow.strategies.driver import Driver
+from kerasflow.strategies.options import Options
 
 __all__ = ["FastT"]
 
@@ -22,11 +23,15 @@ class FastT(keras.callbacks.Callback):
     ``train_step`` with the plan-applying step; after the profiled steps it plans and
     rebuilds with ``model.make_train_function(force=True)``. Variables move to their planned
     devices (Keras 3). Works next to ModelCheckpoint, EarlyStopping, TensorBoard, CSVLogger
-    and BackupAndRestore.
+    and BackupAndRestore. One callback serves one model; a later ``fit`` of the same model
+    with the same callback keeps its plan.
 
     Args: as for ``FastTStrategy`` (``devices``, ``cluster``, ``plan``, ``warmup_steps``,
         ``profile_steps``, ``split``, ``tick_tock``, ``memory_limit``, ``log_dir``,
         ``verbose``, ``on_mismatch``).
+
+    Raises:
+        KerasflowError: a device that does not exist, or a bad option.
 
     Example:
         >>> model.fit(x, y, epochs=5, callbacks=[kerasflow.callbacks.FastT()])  # doctest: +SKIP
@@ -38,7 +43,7 @@ class FastT(keras.callbacks.Callback):
                  log_dir: str | None = None, verbose: Any = None, on_mismatch: str = "error"):
         super().__init__()
         from kerasflow.devices import default_devices
-        from kerasflow.strategies.fastt_strategy import _canonical, _known_devices
+        from kerasflow.strategies.fastt_strategy import _canonical, _check_single_replica, _known_devices
 
         devices = [_canonical(d) for d in (devices or default_devices())]
         missing = [d for d in devices if d not in _known_devices()]
@@ -49,8 +54,6 @@ class FastT(keras.callbacks.Callback):
         if isinstance(plan, (str, os.PathLike)):
             plan = Plan.load(plan)
         if plan is not None:
-            from kerasflow.strategies.fastt_strategy import _check_single_replica
-
             _check_single_replica(plan)
         if isinstance(cluster, str):
             cluster = Cluster.resolve(cluster)
@@ -58,27 +61,38 @@ class FastT(keras.callbacks.Callback):
                                      profile_steps=profile_steps, split=split, tick_tock=tick_tock,
                                      memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
                                      on_mismatch=on_mismatch)
-        self.driver = Driver(self.options)
+        self.driver = Driver(self.options.copy())
 
     @property
     def plan(self) -> Plan | None:
         """The plan in use (None until computed)."""
         return self.driver.plan
 
-    def placement_report(self) -> list | None:
-        """Ops that did not land where planned, read back after the rebuild."""
-        return self.driver.mismatches
+    @property
+    def plan_in_force(self) -> bool:
+        """True while the plan runs (False before it is applied and after a fallback)."""
+        return self.driver.in_force
+
+    def placement_report(self):
+        """Ops that did not land where planned, read back after the rebuild, as a
+        ``PlacementReport`` (``in_force``, ``fallback``); None before a plan was applied."""
+        return self.driver.placement_report()
 
     def on_train_begin(self, logs=None):
         if len(self.options.devices) < 2:
             return
-        if self.params and self.params.get("verbose") == 0 and self.options.verbose == "auto":
-            self.options.verbose = 0
         driver = self.driver
-        driver.step = 0
+        if driver.model is not None and driver.model is not self.model:
+            driver.detach()  # the callback was given to another model's fit
+            self.driver = driver = Driver(self.options.copy())
         try:
-            driver.attach(self.model)
-            self.model.make_train_function(force=True)
+            if driver.model is None:
+                driver.step = 0
+                driver.attach(self.model, verbose=(self.params or {}).get("verbose"))
+            if driver.state == "planned":
+                driver.rebuild()  # a later fit: the plan applies from its first step
+            elif driver.state in ("warming_up", "profiling"):
+                self.model.make_train_function(force=True)
         except Exception as error:  # noqa: BLE001 - never lose the user's training
             driver._fail("attaching", error)
 

@@ -26,6 +26,10 @@ __all__ = ["CapturedStep", "CapturedOp", "capture_step", "batch_spec", "last_op_
 # Where Keras puts the loss computation: Keras 3 "compile_loss/...", tf-keras "loss/...".
 _LOSS_SCOPES = ("compile_loss/", "loss/")
 
+# The colocation group of host-only work: string ops (preprocessing layers, string inputs)
+# and ops on lookup tables, which live where they were created. Kept together, never split.
+HOST_GROUP = "kerasflow:host"
+
 
 @dataclasses.dataclass
 class CapturedOp:
@@ -103,6 +107,15 @@ def _flops(op: tf.Operation) -> float:
     if op.outputs:
         return max((elements(t) for t in op.inputs), default=0.0) or elements(op.outputs[0])
     return 0.0
+
+
+def _host_only(op: tf.Operation, variable_origin: dict) -> bool:
+    """String ops, and ops on a resource that is no variable (a lookup table)."""
+    if op.type == "Placeholder":
+        return False
+    if any(t.dtype == tf.string for t in list(op.inputs) + list(op.outputs)):
+        return True
+    return any(t.dtype == tf.resource and (t.op.name, t.value_index) not in variable_origin for t in op.inputs)
 
 
 def last_op_id(graph) -> int:
@@ -198,7 +211,7 @@ def capture_step(model, batch) -> CapturedStep:
         size = int(np.prod(variable.shape, dtype=np.int64)) * tf.as_dtype(variable.dtype).size
         resource_group[internal.op.name] = (group, size)
 
-    optimizer_scope = _compat.optimizer_name(model) + "/"
+    optimizer_scopes = tuple(name + "/" for name in _compat.optimizer_names(model))
     captured: list[CapturedOp] = []
     for op in operations:
         inputs = [(t.op.name, t.value_index) for t in op.inputs]
@@ -236,6 +249,8 @@ def capture_step(model, batch) -> CapturedStep:
             if group is not None:
                 op.colocation = group
                 break
+        if op.colocation is None and _host_only(tf_op, origin):
+            op.colocation = HOST_GROUP
         layer = layer_of_id.get(tf_op._id)
         if layer is not None:
             op.layer, op.phase = layer, "forward"
@@ -262,7 +277,7 @@ def capture_step(model, batch) -> CapturedStep:
                 if layer:
                     op.layer = layer
                     break
-        elif op.name.startswith(optimizer_scope) or (
+        elif op.name.startswith(optimizer_scopes) or (
             op.colocation in group_layer and op.type.startswith(("Assign", "ResourceApply"))):
             op.phase = "update"
         elif op.phase != "forward" and op.name.startswith(_LOSS_SCOPES):
@@ -299,8 +314,8 @@ def capture_step(model, batch) -> CapturedStep:
 
     # Which ops may be split along the batch.
     for op in captured:
-        if op.phase not in ("forward", "backward"):
-            continue
+        if op.phase not in ("forward", "backward") or op.colocation == HOST_GROUP or "Random" in op.type:
+            continue  # random ops outside layers draw per call: never split either
         if op.layer is None:
             op.batch_axis = 0  # losses and glue: per-sample work, reductions summed by the strategy
         elif is_splittable(layer_objects.get(op.layer)):

@@ -23,9 +23,9 @@ from kerasflow.devices import default_devices, device_kind
 from kerasflow.planner.errors import ProfilingError
 from kerasflow.planner.graph import Affine, Edge, Op, OpGraph
 from kerasflow.profiling.capture import CapturedStep, capture_step
-from kerasflow.profiling.xplane import StepProfiler, attribute
+from kerasflow.profiling.xplane import KernelTimes, StepProfiler, attribute
 
-__all__ = ["profile_model", "first_batch", "check_model", "build_graph", "profile_step", "half_batch",
+__all__ = ["profile_model", "profile_training_step", "first_batch", "check_model", "build_graph", "profile_step", "half_batch",
            "snapshot_variables", "restore_variables", "with_dispatch_overhead", "time_step"]
 
 
@@ -76,15 +76,20 @@ def half_batch(batch: tuple) -> tuple:
     return tf.nest.map_structure(lambda t: t[: max(1, n // 2)], batch)
 
 
-def snapshot_variables(model) -> list[tuple[Any, np.ndarray]]:
-    """Every variable's value, the optimizer built first so its slots are included."""
+def snapshot_variables(model, known: list | None = None) -> list[tuple[Any, np.ndarray]]:
+    """Every variable's value: the model's, every optimizer's (slots, iterations) and the metrics'.
+
+    ``model.optimizer`` is built first, so its slots exist and are included. With ``known``
+    (an earlier snapshot), only the variables created since then.
+    """
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not getattr(optimizer, "built", True) and hasattr(optimizer, "build"):
         with _compat.strategy_scope(model):
             optimizer.build(model.trainable_variables)
+    seen = {id(v) for v, _ in known or ()}
     variables = (_compat.model_variables(model) + _compat.optimizer_variables(model)
                  + _compat.metric_variables(model))
-    return [(v, np.array(v.numpy())) for v in variables]
+    return [(v, np.array(v.numpy())) for v in variables if id(v) not in seen]
 
 
 def restore_variables(snapshot) -> None:
@@ -102,7 +107,8 @@ def _run_once(step: CapturedStep, batch: tuple, profiler: StepProfiler | None = 
     return time.perf_counter() - started
 
 
-def profile_step(step: CapturedStep, batch: tuple, warmup_steps: int, steps: int, device: str) -> tuple:
+def profile_step(step: CapturedStep, batch: tuple, warmup_steps: int, steps: int, device: str,
+                 quiet: bool = False) -> tuple:
     """Runs the traced step ``warmup_steps`` times unmeasured, ``steps`` times plain, then
     ``steps`` times profiled.
 
@@ -113,7 +119,7 @@ def profile_step(step: CapturedStep, batch: tuple, warmup_steps: int, steps: int
         for _ in range(max(warmup_steps, 0)):
             step.function(batch)
         plain = [_run_once(step, batch) for _ in range(steps)]
-        profiler = StepProfiler()
+        profiler = StepProfiler(quiet=quiet)
         profiler.start()
         try:
             profiled = [_run_once(step, batch, profiler, i) for i in range(steps)]
@@ -208,7 +214,8 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
             its kind (``"CPU"``, ``"V100"``, ...).
         second_batch: also profile half the batch, to fit each cost as fixed + per-sample.
         progress: called with a short message at each stage.
-        verbose: show a progress bar on stderr (only on a terminal; 0 or False: never).
+        verbose: show a progress bar on stderr (only on a terminal); 0 or False: no bar and
+            no profiler logs.
 
     Returns:
         The step: every op of forward, backward and update, with its layer, phase,
@@ -226,9 +233,7 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
         True
     """
     check_model(model)
-    started = time.perf_counter()
     device = device or default_devices()[0]
-    kind = device_kind(device)
     batch = first_batch(data, batch_size)
     bar = progress_bar(3 if second_batch else 2, "kerasflow: profiling", verbose)
 
@@ -238,38 +243,77 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
         if progress is not None:
             progress(message)
 
-    snapshot = snapshot_variables(model)
-    scope = _compat.strategy_scope(model)
-    scope.__enter__()
     try:
-        say("tracing the training step")
+        return profile_training_step(model, batch, device=device, warmup_steps=warmup_steps, steps=steps,
+                                     second_batch=second_batch, say=say, quiet=verbose in (0, "0", False),
+                                     source="kerasflow.profiling.profile_model")
+    finally:
+        bar.close()
+
+
+def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps: int, steps: int,
+                          second_batch: bool = True, kernel_times: KernelTimes | None = None,
+                          say: Callable[[str], None] | None = None, quiet: bool = False,
+                          source: str = "kerasflow.profiling.profile_model") -> OpGraph:
+    """The one profiling sequence of kerasflow, for ``profile_model`` and for planning inside ``fit``.
+
+    Traces the step at ``batch`` (and at half of it), measures per-op kernel times and the
+    plain step time at both sizes, and builds the batch-affine ``OpGraph``. Every variable
+    (the model's, every optimizer's, the metrics') is put back afterwards, so profiling
+    leaves no trace in training.
+
+    Args:
+        model: a compiled Keras model.
+        batch: one real batch as ``train_step`` receives it.
+        device: where to run; costs are keyed by its kind.
+        warmup_steps: unmeasured runs of each traced step.
+        steps: measured runs (medians).
+        second_batch: also profile half the batch (costs fixed + per sample).
+        kernel_times: kernel times already profiled from ``fit``'s own steps at this batch,
+            used when they cover the traced step (saves profiling it again).
+        say: called with a short message at each stage.
+        quiet: silence the TensorFlow profiler's native log lines.
+        source: recorded in ``metadata["source"]``.
+
+    Raises:
+        ProfilingError: the batch does not fit the model.
+    """
+    say = say or (lambda message: None)
+    started = time.perf_counter()
+    kind = device_kind(device)
+    with _compat.strategy_scope(model), tf.device(device):
+        snapshot = snapshot_variables(model)
         try:
-            with tf.device(device):
+            say("tracing the training step")
+            try:
                 big = capture_step(model, batch)
                 small = capture_step(model, half_batch(batch)) if second_batch and big.batch_size > 1 else None
-        except (ValueError, TypeError, tf.errors.InvalidArgumentError) as error:
-            shapes = [tuple(t.shape) for t in tf.nest.flatten(batch)]
-            expected = [getattr(i, "shape", None) for i in getattr(model, "inputs", None) or []]
-            raise ProfilingError(
-                f"The data does not fit model {model.name!r}: received tensors of shapes {shapes}"
-                f"{f', the model takes inputs of shapes {expected}' if expected else ''}. "
-                f"TensorFlow said: {str(error).splitlines()[0]}") from None
-        say(f"profiling {steps} steps at batch {big.batch_size}")
-        result_big, plain, profiled = profile_step(big, batch, warmup_steps, steps, device)
-        result_small = None
-        if small is not None:
-            say(f"profiling {steps} steps at batch {small.batch_size}")
-            result_small, plain_small, _ = profile_step(small, half_batch(batch), warmup_steps, steps, device)
-    finally:
-        restore_variables(snapshot)
-        scope.__exit__(None, None, None)
-        bar.close()
+            except (ValueError, TypeError, tf.errors.InvalidArgumentError) as error:
+                raise _data_error(model, batch, error) from None
+            # Tracing builds what the step builds (a GAN's second optimizer) before any run.
+            snapshot += snapshot_variables(model, known=snapshot)
+            say(f"profiling {steps} steps at batch {big.batch_size}")
+            result = None
+            if kernel_times is not None:
+                result = attribute(kernel_times, big.by_name(), {op.name: op.flops for op in big.ops})
+            if result is not None and result.coverage >= 0.5:
+                plain = time_step(big, batch, steps, device)
+                profiled = plain
+            else:  # fit's step differs by name (or none was given): profile the traced step itself
+                result, plain, profiled = profile_step(big, batch, warmup_steps, steps, device, quiet=quiet)
+            result_small = plain_small = None
+            if small is not None:
+                say(f"profiling {steps} steps at batch {small.batch_size}")
+                result_small, plain_small, _ = profile_step(small, half_batch(batch), warmup_steps, steps, device,
+                                                            quiet=quiet)
+        finally:
+            restore_variables(snapshot)
     metadata = {
-        "source": "kerasflow.profiling.profile_model",
+        "source": source,
         "device": device,
         "device_kind": kind,
         "flavor": _compat.flavor(model),
-        "coverage": round(result_big.coverage, 6),
+        "coverage": round(result.coverage, 6),
         "profile_seconds": round(time.perf_counter() - started, 3),
         "plain_step_seconds": plain,
         "profiled_step_seconds": profiled,
@@ -283,9 +327,18 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
             metadata["memory"] = "tensor sizes; measured_peak_bytes from tf.config.experimental.get_memory_info"
         except (ValueError, RuntimeError):
             pass
-    seconds_big, overhead = with_dispatch_overhead(result_big.seconds, big, plain)
+    seconds_big, overhead = with_dispatch_overhead(result.seconds, big, plain)
     seconds_small = None
     if result_small is not None:
         seconds_small, _ = with_dispatch_overhead(result_small.seconds, small, plain_small)
     metadata["dispatch_overhead_per_op_seconds"] = overhead
     return build_graph(big, small, seconds_big, seconds_small, kind, name=model.name, metadata=metadata)
+
+
+def _data_error(model, batch, error) -> ProfilingError:
+    shapes = [tuple(t.shape) for t in tf.nest.flatten(batch)]
+    expected = [getattr(i, "shape", None) for i in getattr(model, "inputs", None) or []]
+    return ProfilingError(
+        f"The data does not fit model {model.name!r}: received tensors of shapes {shapes}"
+        f"{f', the model takes inputs of shapes {expected}' if expected else ''}. "
+        f"TensorFlow said: {str(error).splitlines()[0]}")

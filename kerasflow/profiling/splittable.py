@@ -1,8 +1,12 @@
-"""Which Keras layers may be split along the batch (their samples are independent).
+"""Which Keras layers may be split along the batch (their samples are independent, their math unchanged).
 
-Built-in layers are listed by class name. A custom layer opts in or out with a class or
-instance attribute ``kerasflow_splittable = True`` (or ``False``); unknown layers are not
-split, the safe default.
+Built-in layers are listed by class name. Two kinds are never split, nor run as waves:
+layers that couple the samples of a batch (BatchNormalization's statistics in training)
+and random layers (Dropout, GaussianNoise, random augmentation): shards or waves would
+each draw their own randomness, not their slice of the whole batch's, and the loss would
+change. A custom layer opts in or out with a class or instance attribute
+``kerasflow_splittable = True`` (or ``False``); unknown layers (``Lambda`` included: its
+code is unknown) are not split, the safe default.
 """
 
 from __future__ import annotations
@@ -19,17 +23,20 @@ SPLITTABLE_LAYERS = frozenset({
     "MaxPooling1D", "MaxPooling2D", "MaxPooling3D", "AveragePooling1D", "AveragePooling2D", "AveragePooling3D",
     "GlobalMaxPooling1D", "GlobalMaxPooling2D", "GlobalMaxPooling3D", "GlobalAveragePooling1D",
     "GlobalAveragePooling2D", "GlobalAveragePooling3D", "Activation", "ReLU", "LeakyReLU", "PReLU", "ELU",
-    "Softmax", "Embedding", "Dropout", "SpatialDropout1D", "SpatialDropout2D", "GaussianNoise",
-    "GaussianDropout", "LayerNormalization", "GroupNormalization", "UnitNormalization", "MultiHeadAttention",
+    "Softmax", "Embedding", "LayerNormalization", "GroupNormalization", "UnitNormalization", "MultiHeadAttention",
     "Attention", "AdditiveAttention", "Flatten", "Reshape", "Permute", "RepeatVector", "Cropping1D",
     "Cropping2D", "ZeroPadding1D", "ZeroPadding2D", "UpSampling1D", "UpSampling2D", "Concatenate", "Add",
     "Subtract", "Multiply", "Average", "Maximum", "Minimum", "Dot", "Identity", "Rescaling", "InputLayer",
-    "LSTM", "GRU", "SimpleRNN", "Bidirectional", "TimeDistributed", "Lambda",
+    "LSTM", "GRU", "SimpleRNN", "Bidirectional", "TimeDistributed",
 })
 
 NOT_SPLITTABLE_LAYERS = frozenset({
-    "BatchNormalization",  # statistics over the batch in training
-    "SyncBatchNormalization",
+    # Statistics over the batch in training.
+    "BatchNormalization", "SyncBatchNormalization",
+    # Random: each shard or wave would draw its own numbers.
+    "Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "AlphaDropout", "GaussianNoise",
+    "GaussianDropout", "RandomFlip", "RandomRotation", "RandomZoom", "RandomTranslation", "RandomContrast",
+    "RandomCrop", "RandomBrightness", "RandomHeight", "RandomWidth",
 })
 
 

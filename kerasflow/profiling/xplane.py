@@ -10,17 +10,21 @@ over the ops it replaced, in proportion to their FLOPs.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
 import shutil
 import statistics
+import sys
 import tempfile
 from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-__all__ = ["StepProfiler", "KernelTimes", "attribute", "Attribution"]
+from kerasflow.planner.errors import ProfilingError
+
+__all__ = ["StepProfiler", "KernelTimes", "attribute", "Attribution", "native_stderr_silenced"]
 
 _STEP_MARKER = "kerasflow_step"
 _KERNEL = re.compile(r"^([A-Za-z0-9_.\-/>]+):([A-Za-z0-9_]+)$")
@@ -49,6 +53,25 @@ class KernelTimes:
         return sum(self.median(node) for node in self.per_step)
 
 
+@contextlib.contextmanager
+def native_stderr_silenced(silenced: bool = True):
+    """Sends what native code writes to stderr (TensorFlow's profiler logs a dozen lines per
+    session through C++ logging, which no Python setting reaches) to /dev/null for a while."""
+    if not silenced:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    sink = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(sink, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(sink)
+
+
 class StepProfiler:
     """Profiles a few steps with TensorFlow's profiler and reads their kernel times.
 
@@ -61,16 +84,18 @@ class StepProfiler:
         >>> times = profiler.stop()
     """
 
-    def __init__(self, logdir: str | None = None):
+    def __init__(self, logdir: str | None = None, quiet: bool = False):
         self._own = logdir is None
         self.logdir = logdir or tempfile.mkdtemp(prefix="kerasflow_profile_")
         self._running = False
+        self.quiet = quiet
 
     def start(self) -> None:
         """Starts the profiler (host ops and device kernels; no Python tracing)."""
         options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
                                                            device_tracer_level=1)
-        tf.profiler.experimental.start(self.logdir, options=options)
+        with native_stderr_silenced(self.quiet):
+            tf.profiler.experimental.start(self.logdir, options=options)
         self._running = True
 
     def step(self, number: int):
@@ -80,12 +105,14 @@ class StepProfiler:
     def stop(self) -> KernelTimes:
         """Stops the profiler and returns the kernel times of the marked steps."""
         if self._running:
-            tf.profiler.experimental.stop()
+            with native_stderr_silenced(self.quiet):
+                tf.profiler.experimental.stop()
             self._running = False
         files = sorted(glob.glob(os.path.join(self.logdir, "plugins", "profile", "*", "*.xplane.pb")),
                        key=os.path.getmtime)
         if not files:
-            raise RuntimeError(f"The TensorFlow profiler wrote no trace under {self.logdir}.")
+            raise ProfilingError(f"The TensorFlow profiler wrote no trace under {self.logdir}. Check that no other "
+                                 "profiler session is running in this process (tf.profiler.experimental.stop()).")
         times = parse_xspace(files[-1])
         if self._own:
             shutil.rmtree(self.logdir, ignore_errors=True)

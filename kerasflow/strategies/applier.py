@@ -234,7 +234,13 @@ def _colocation_target(op: tf.Operation) -> str | None:
 
 
 def _would_cycle(ops: list[tf.Operation], extra: list[tuple[tf.Operation, tf.Operation]]) -> bool:
-    """True when adding ``extra`` edges (before -> after) would make the ops' graph cyclic."""
+    """True when adding ``extra`` edges (before -> after) could make the ops' graph cyclic.
+
+    ``tf.function`` adds its automatic control dependencies after the step is traced, so
+    they are not among the ops' edges yet: they order the stateful ops (variable reads and
+    writes, random ops) in program order. Chaining every stateful op in program order
+    orders at least as much, so a graph acyclic with that chain stays acyclic with them.
+    """
     index = {id(op): i for i, op in enumerate(ops)}
     successors: list[list[int]] = [[] for _ in ops]
     missing = [0] * len(ops)
@@ -245,12 +251,13 @@ def _would_cycle(ops: list[tf.Operation], extra: list[tuple[tf.Operation, tf.Ope
             successors[ia].append(ib)
             missing[ib] += 1
 
+    stateful = [op for op in ops if _stateful(op)]
     for op in ops:
         for tensor in op.inputs:
             link(tensor.op, op)
         for control in op.control_inputs:
             link(control, op)
-    for before, after in extra:
+    for before, after in list(zip(stateful, stateful[1:])) + list(extra):
         link(before, after)
     stack = [i for i, m in enumerate(missing) if m == 0]
     seen = 0

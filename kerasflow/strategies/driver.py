@@ -1,182 +1,266 @@
-"""The profile -> plan -> rebuild loop inside one ``fit`` call, shared by the strategy and the callback.
+"""The profile -> plan -> rebuild state machine inside ``fit``, one per model, for the strategy and the callback.
 
-Steps ``0 .. warmup_steps-1`` run on the default placement (tracing and graph optimisation
-happen there); the next ``profile_steps`` steps are profiled; after the last of them the
-step is traced once more to read its structure, a half batch is profiled for the batch
-scaling (weights restored), ``kerasflow.plan`` runs, variables move to their planned
-devices, ``model.train_step`` becomes the plan-applying step and the train function is
-rebuilt (``make_train_function(force=True)``), so the next step runs on the plan. The step
-after that reads the real placement back from the partition graphs. Any failure warns
-once and training continues on the default placement.
+States, in order::
+
+    warming_up --(warmup_steps)--> profiling --(profile_steps)--> planned
+         \\                              \\                            \\
+          `----------------------------- `---- any failure ---------`--> default (fallback)
+
+``warming_up``: steps on the default placement (tracing and graph optimisation happen
+there); the step records a real batch of the user's data. ``profiling``: fit's own steps
+run under TensorFlow's profiler. After the last of them the shared profiling sequence
+(``profile_training_step``: the step traced at the recorded batch and at half of it,
+every variable restored) builds the ``OpGraph``, ``kerasflow.plan`` plans it, variables
+move to their planned devices, ``model.train_step`` becomes the plan-applying step and
+the train function is rebuilt, so the next step runs on the plan (``planned``). Every
+call of the planned train function is guarded: whatever fails in it (tracing, a refused
+placement, an order TensorFlow rejects) first drops the per-device order, then goes back
+to the default placement for that same call. A failure anywhere warns once, naming the
+cause, and training continues on the default placement (``default``).
+
+A ``plan=`` given up front skips profiling: it is checked against the model after step 0
+and applied from step 1.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import os
-import sys
 import time
-import warnings
 from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
 
 from kerasflow import _compat
-from kerasflow.planner import Cluster, OpGraph, Plan, baselines, plan as make_plan, simulate
+from kerasflow.planner import Cluster, OpGraph, Plan, plan as make_plan
 from kerasflow.planner.errors import InvalidPlanError, KerasflowError
 from kerasflow.profiling.capture import capture_step
-from kerasflow.profiling.profiler import (
-    build_graph, half_batch, profile_step, restore_variables, snapshot_variables, time_step, with_dispatch_overhead,
-)
-from kerasflow.profiling.xplane import StepProfiler, attribute
-from kerasflow.strategies.applier import PlanApplier, normalize_device, split_name
+from kerasflow.profiling.profiler import build_graph, profile_training_step, restore_variables, snapshot_variables
+from kerasflow.profiling.xplane import StepProfiler
+from kerasflow.strategies.applier import PlanApplier
+from kerasflow.strategies.options import Options
+from kerasflow.strategies.readback import PlacementReport, read_placement, start_recording
+from kerasflow.strategies.reporting import Reporter
 from kerasflow.strategies.steps import PlannedStep
-from kerasflow.strategies.variables import group_devices, move_variables
+from kerasflow.strategies.variables import current_homes, group_devices, move_variables
 
-__all__ = ["Options", "Driver", "PlacementMismatch"]
+__all__ = ["Driver"]
 
-
-@dataclasses.dataclass
-class Options:
-    """How kerasflow plans inside ``fit``; arguments first, then ``KERASFLOW_*`` variables.
-
-    Environment: ``KERASFLOW_WARMUP_STEPS``, ``KERASFLOW_PROFILE_STEPS``, ``KERASFLOW_SPLIT``
-    (0/1), ``KERASFLOW_TICK_TOCK``, ``KERASFLOW_MEMORY_LIMIT``, ``KERASFLOW_LOG_DIR``,
-    ``KERASFLOW_VERBOSE`` — used for any argument left at None.
-    """
-
-    devices: list[str]
-    cluster: Cluster | None = None
-    plan: Plan | None = None
-    warmup_steps: int = 2
-    profile_steps: int = 3
-    split: bool = True
-    tick_tock: str = "auto"
-    memory_limit: float | None = None
-    log_dir: str | None = None
-    verbose: Any = "auto"
-    on_mismatch: str = "error"
-    max_split_evaluations: int = 16
-
-    @classmethod
-    def build(cls, devices, **kwargs) -> "Options":
-        env = os.environ
-
-        def pick(name, cast, default):
-            value = kwargs.get(name)
-            if value is not None:
-                return value
-            raw = env.get(f"KERASFLOW_{name.upper()}")
-            return cast(raw) if raw not in (None, "") else default
-
-        options = cls(
-            devices=list(devices), cluster=kwargs.get("cluster"), plan=kwargs.get("plan"),
-            warmup_steps=pick("warmup_steps", int, 2), profile_steps=pick("profile_steps", int, 3),
-            split=pick("split", lambda v: v not in ("0", "false", "False"), True),
-            tick_tock=pick("tick_tock", str, "auto"), memory_limit=pick("memory_limit", float, None),
-            log_dir=pick("log_dir", str, None), verbose=pick("verbose", str, "auto"),
-            on_mismatch=kwargs.get("on_mismatch") or "error")
-        if options.warmup_steps < 2:
-            raise KerasflowError(f"warmup_steps must be >= 2 (steps 0-1 trace and optimise the graph); "
-                                 f"received {options.warmup_steps}.")
-        if options.profile_steps < 1:
-            raise KerasflowError(f"profile_steps must be >= 1; received {options.profile_steps}.")
-        if options.on_mismatch not in ("error", "replan"):
-            raise KerasflowError(f"on_mismatch must be 'error' or 'replan'; received {options.on_mismatch!r}.")
-        return options
-
-
-@dataclasses.dataclass
-class PlacementMismatch:
-    """An op that did not land where the plan put it."""
-
-    op: str
-    planned: str
-    actual: str
+# Errors that end an epoch or a run the way Keras expects: never taken for a plan failure.
+_NOT_OURS = (tf.errors.OutOfRangeError, StopIteration, KeyboardInterrupt)
 
 
 class Driver:
-    """Runs the profile -> plan -> rebuild loop for one model (see the module docstring)."""
+    """Runs the profile -> plan -> rebuild loop for one model (see the module docstring).
 
-    def __init__(self, options: Options, *, creating: Callable | None = None,
-                 emit: Callable[[str], None] | None = None):
+    Args:
+        options: the ``Options`` (this driver's own copy).
+        creating: a context manager factory ``f(device)`` that lets a variable be created
+            off the strategy's device (the strategy's; None for the callback).
+    """
+
+    def __init__(self, options: Options, *, creating: Callable | None = None):
         self.options = options
         self.creating = creating
-        self.emit = emit
+        self.reporter = Reporter(options.verbose)
         self.model = None
+        self.state = "detached"
         self.step = 0
-        self.spec = None
         self.plan: Plan | None = None
         self.graph: OpGraph | None = None
         self.applier: PlanApplier | None = None
-        self.failed = False
-        self.mismatches: list[PlacementMismatch] | None = None
+        self.mismatches: list | None = None
+        self.fallback: str | None = None
         self.report: dict = {}
-        self._profiler: StepProfiler | None = None
-        self._trace = None
-        self._read_back = False
+        self.spec = None
+        self.batch = None  # a real batch of the user's data (numpy), for profiling
         self._original_step = None
         self._custom_step = False
         self._spec_full = False
+        self._profiler: StepProfiler | None = None
+        self._trace = None
+        self._read_back = False
         self._verify_pending = False
-        self.batch_hint: int | None = None
+        self._homes_before: dict[str, str] = {}
         self._step_started = 0.0
-        self._measured: list[float] | None = None  # planned step times, for the TensorBoard scalars
+        self._measured: list[float] | None = None
 
     # ------------------------------------------------------------------ attach
-    def attach(self, model) -> None:
-        """Installs the recording step on ``model`` (the plan-applying step once planned)."""
+    def attach(self, model, verbose: Any = None) -> None:
+        """Installs the recording step on ``model`` (the plan-applying step once planned).
+
+        Args:
+            model: the Keras model being fit.
+            verbose: ``fit``'s verbose, followed when the options say ``"auto"``.
+        """
         if self.model is model:
             return
         self.model = model
+        if self.options.verbose == "auto" and verbose is not None:
+            self.reporter.verbose = 0 if verbose in (0, False) else verbose
         if _compat.uses_jit(model):
             _compat.disable_jit(model)
-            self._say("kerasflow: jit_compile turned off: XLA fuses the step into a few clusters, which erases "
-                      "per-op placement and profiles.")
+            model.make_train_function(force=True)  # the next step runs without XLA
+            self.reporter.say("kerasflow: jit_compile turned off: XLA fuses the step into a few clusters, which "
+                              "erases per-op placement and profiles.")
         self._custom_step = _compat.has_own_train_step(model)
         if self._custom_step:
-            self._say("kerasflow: the model defines its own train_step: placement and order are applied, "
-                      "op splitting and waves are not.")
-        self._original_step = model.train_step
+            self.reporter.say("kerasflow: the model defines its own train_step: placement and order are "
+                              "applied, op splitting and waves are not.")
+        step = model.train_step
+        self._original_step = step.original if isinstance(step, PlannedStep) else step
+        self.state = "warming_up"
         if self.options.plan is not None:
             # Step 0 runs as traced by Keras (recording the inputs); the given plan is
             # checked and applied from step 1, through the guarded rebuild.
             self.plan = self.options.plan
             self._verify_pending = True
+        else:
+            self.reporter.say(f"kerasflow: {self.options.warmup_steps} warm-up steps on the default placement, "
+                              f"then {self.options.profile_steps} profiled steps, then the plan.")
         self._install()
 
-    @contextlib.contextmanager
-    def _unplanned(self):
-        """The model's own ``train_step`` for a while (to read the step as the user wrote it)."""
-        current = self.model.__dict__.get("train_step")
-        object.__setattr__(self.model, "train_step", self._original_step)
-        try:
-            yield
-        finally:
-            object.__setattr__(self.model, "train_step", current)
+    def detach(self) -> None:
+        """Gives the model back its own ``train_step`` (between ``fit`` calls)."""
+        if self.model is not None and self._original_step is not None:
+            object.__setattr__(self.model, "train_step", self._original_step)
+            self.model.train_function = None
+        self.model, self.state = None, "detached"
+
+    @property
+    def step_function(self) -> PlannedStep:
+        """The ``train_step`` installed on the model."""
+        return self.model.train_step
 
     def _install(self) -> None:
-        step = PlannedStep(self.model, self._original_step, self.applier, on_trace=self._record,
-                           custom_step=self._custom_step)
+        recording = self.applier is None and self.state in ("warming_up", "profiling")
+        step = PlannedStep(self.model, self._original_step, self.applier, on_trace=self._record_spec,
+                           custom_step=self._custom_step, on_batch=self._record_batch if recording else None)
         object.__setattr__(self.model, "train_step", step)
 
-    def _record(self, data) -> None:
+    def _record_spec(self, data) -> None:
         spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype) if isinstance(t, tf.Tensor) else t,
                                      data)
         full = all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec) if isinstance(s, tf.TensorSpec))
-        # A fully-shaped trace wins over a relaxed-shape one (a partial batch), which is kept
-        # only until a full one comes.
+        # A fully-shaped trace wins over a relaxed-shape one (a partial batch).
         if full and not self._spec_full:
             self.spec, self._spec_full = spec, True
         elif self.spec is None:
             self.spec = spec
 
+    def _record_batch(self, batch) -> None:
+        """Keeps the largest batch the step has run on (a partial last batch is smaller)."""
+        size = _batch_size(batch)
+        if self.batch is None or size > _batch_size(self.batch):
+            self.batch = batch
+
+    # ------------------------------------------------------------------ per step
+    def before_step(self) -> None:
+        """Called before each call of the train function."""
+        self._step_started = time.perf_counter()
+        if self.state not in ("warming_up", "profiling", "planned"):
+            return
+        first, last = self._window()
+        try:
+            if self.plan is None and self.step == first:
+                self.state = "profiling"
+                self._profiler = StepProfiler(quiet=self.reporter.quiet)
+                self._profiler.start()
+            if self._profiler is not None and first <= self.step <= last:
+                self._trace = self._profiler.step(self.step - first)
+                self._trace.__enter__()
+            if self._read_back:
+                start_recording()
+        except Exception as error:  # noqa: BLE001 - never lose the user's training
+            self._fail("profiling", error)
+
+    def after_step(self) -> None:
+        """Called after each call of the train function; plans and rebuilds after the profiled steps."""
+        if self.state not in ("warming_up", "profiling", "planned"):
+            self.step += 1
+            return
+        stage = "planning"
+        try:
+            if self._trace is not None:
+                self._trace.__exit__(None, None, None)
+                self._trace = None
+            if self._read_back:
+                stage = "reading the placement back"
+                self._read_back = False
+                self.mismatches = read_placement(self.applier)
+            if self._verify_pending and self.spec is not None:
+                stage = "applying the given plan"
+                self._verify_given_plan()
+            elif self.plan is None and self.step == self._window()[1]:
+                self._plan_andrebuild()
+            elif self.state == "planned" and self._measured is not None:
+                stage = "writing TensorBoard scalars"
+                self._measure_planned_step()
+        except InvalidPlanError:
+            raise
+        except Exception as error:  # noqa: BLE001 - never lose the user's training
+            if stage == "writing TensorBoard scalars":
+                self._measured = None  # an optional output: it never undoes the plan
+                self.reporter.warn(f"kerasflow: {stage} failed ({_describe(error)}); the plan stays in force.")
+            else:
+                self._fail(stage, error)
+        self.step += 1
+
+    def _window(self) -> tuple[int, int]:
+        first = self.options.warmup_steps
+        return first, first + self.options.profile_steps - 1
+
+    # ------------------------------------------------------------------ planning
+    def _profiling_batch(self):
+        """The recorded real batch as tensors, else zeros shaped like the traced step's inputs."""
+        if self.batch is not None:
+            return tf.nest.map_structure(tf.convert_to_tensor, self.batch)
+        if self.spec is None:
+            raise KerasflowError("the training step was never traced, so its inputs are unknown")
+
+        def zeros(spec):
+            if not isinstance(spec, tf.TensorSpec):
+                return spec
+            dims = spec.shape.as_list()
+            if any(d is None for d in dims):
+                raise KerasflowError(f"no batch of the data was recorded and the step's inputs have unknown "
+                                     f"dimensions {spec.shape}; give the data as tf.Tensor inputs")
+            return tf.zeros(dims, spec.dtype)
+
+        return tf.nest.map_structure(zeros, self.spec)
+
+    def _plan_andrebuild(self) -> None:
+        started = time.perf_counter()
+        times = self._profiler.stop()
+        self._profiler = None
+        batch = self._profiling_batch()
+        say = self.reporter.say
+        # With several steps per call, a profiled "step" holds several train steps.
+        in_fit = times if getattr(self.model, "steps_per_execution", 1) in (1, None) else None
+        with self._unplanned():
+            self.graph = profile_training_step(
+                self.model, batch, device=self.options.devices[0], warmup_steps=1,
+                steps=self.options.profile_steps, kernel_times=in_fit, quiet=self.reporter.quiet,
+                say=lambda message: say(f"kerasflow: {message}"), source="kerasflow in-fit profile")
+        say(f"kerasflow: planning for {len(self.options.devices)} devices")
+        custom = self._custom_step
+        plan = make_plan(self.graph, self.cluster(), split=self.options.split and not custom,
+                         tick_tock="off" if custom else self.options.tick_tock, memory_limit=self.options.memory_limit,
+                         max_split_evaluations=self.options.max_split_evaluations, replicated=False,
+                         verbose=0 if self.reporter.quiet else self.options.verbose)
+        say("kerasflow: rebuilding the training step with the plan")
+        self._use(plan)
+        seconds = time.perf_counter() - started
+        line = self.reporter.planned(plan, self.graph, self.cluster(), seconds, len(self.options.devices))
+        self.report = {"plan_seconds": seconds, "algorithm": plan.algorithm, "summary": line,
+                       "predicted_step_time": plan.predicted_step_time, "candidates": dict(plan.candidates)}
+        if self.options.log_dir:
+            self.reporter.write_logs(self.options.log_dir, plan, self.graph, self.cluster())
+
     def _verify_given_plan(self) -> None:
         """For ``plan=``: after the first step, checks the plan against the model's structure,
         moves the variables to their planned devices and rebuilds with the plan applied."""
         self._verify_pending = False
-        batch = self._zeros_batch()
+        batch = self._profiling_batch()
         snapshot = snapshot_variables(self.model)
         try:
             with _compat.strategy_scope(self.model), self._unplanned():
@@ -189,109 +273,15 @@ class Driver:
                        "on_mismatch='replan' to profile and plan afresh.")
             if self.options.on_mismatch == "error":
                 raise InvalidPlanError(message)
-            self._warn(message + " Replanning.")
+            self.reporter.warn(message + " Replanning.")
             self.options.plan = self.plan = self.applier = None
+            self.state = "warming_up"
             self._install()
             self.model.make_train_function(force=True)
             self.step = 0  # warm up and profile afresh
             return
         self.graph = structure
-        move_variables(self.model, group_devices(self.plan, structure), creating=self.creating)
-        self.applier = PlanApplier(self.plan, structure, self.options.devices)
-        self._install()
-        self._rebuild()
-        self._read_back = True
-
-    # ------------------------------------------------------------------ per step
-    def before_step(self) -> None:
-        """Called before each training step (each call of the train function)."""
-        self._step_started = time.perf_counter()
-        if self.failed or self.model is None:
-            return
-        first, last = self._window()
-        try:
-            if self.plan is None and self.step == first:
-                self._profiler = StepProfiler()
-                self._profiler.start()
-            if self._profiler is not None and first <= self.step <= last:
-                self._trace = self._profiler.step(self.step - first)
-                self._trace.__enter__()
-            if self._read_back:
-                from tensorflow.python.eager import context
-
-                context.context().enable_run_metadata()
-        except Exception as error:  # noqa: BLE001 - never lose the user's training
-            self._fail("profiling", error)
-
-    def after_step(self) -> None:
-        """Called after each training step; plans and rebuilds after the profiled steps."""
-        if self.failed or self.model is None:
-            self.step += 1
-            return
-        first, last = self._window()
-        try:
-            if self._trace is not None:
-                self._trace.__exit__(None, None, None)
-                self._trace = None
-            if self._read_back:
-                self._read_back = False
-                self._read_placement()
-            if self._verify_pending and self.spec is not None:
-                self._verify_given_plan()
-            elif self.plan is None and self.step == last:
-                self._plan_and_rebuild()
-            elif self.plan is not None and self._measured is not None:
-                self._measure_planned_step()
-        except InvalidPlanError:
-            raise
-        except Exception as error:  # noqa: BLE001 - never lose the user's training
-            self._fail("planning" if self.plan is None else "rebuilding", error)
-        self.step += 1
-
-    def _window(self) -> tuple[int, int]:
-        first = self.options.warmup_steps
-        return first, first + self.options.profile_steps - 1
-
-    # ------------------------------------------------------------------ planning
-    def _plan_and_rebuild(self) -> None:
-        started = time.perf_counter()
-        times = self._profiler.stop()
-        self._profiler = None
-        if self.spec is None:
-            raise KerasflowError("the training step was never traced, so its inputs are unknown")
-        model = self.model
-        batch = self._zeros_batch()
-        snapshot = snapshot_variables(model)
-        try:
-            device = self.options.devices[0]
-            with _compat.strategy_scope(model), tf.device(device), self._unplanned():
-                big = capture_step(model, batch)
-                result = attribute(times, big.by_name(), {op.name: op.flops for op in big.ops})
-                if result.coverage < 0.5:  # fit's step differs by name: profile the traced step itself
-                    result, plain, _ = profile_step(big, batch, 2, self.options.profile_steps, device)
-                else:
-                    plain = time_step(big, batch, self.options.profile_steps, device)
-                seconds, overhead = with_dispatch_overhead(result.seconds, big, plain)
-                small = capture_step(model, half_batch(batch)) if big.batch_size > 1 else None
-                small_seconds = None
-                if small is not None:
-                    small_result, small_plain, _ = profile_step(small, half_batch(batch), 2,
-                                                                self.options.profile_steps, device)
-                    small_seconds, _ = with_dispatch_overhead(small_result.seconds, small, small_plain)
-        finally:
-            restore_variables(snapshot)
-        kind = self.cluster().devices[0].kind
-        self.graph = build_graph(big, small, seconds, small_seconds, kind, name=model.name,
-                                 metadata={"coverage": round(result.coverage, 6), "source": "kerasflow in-fit profile",
-                                           "dispatch_overhead_per_op_seconds": overhead})
-        custom = self._custom_step
-        plan = make_plan(self.graph, self.cluster(), split=self.options.split and not custom,
-                         tick_tock="off" if custom else self.options.tick_tock, memory_limit=self.options.memory_limit,
-                         max_split_evaluations=self.options.max_split_evaluations, replicated=False,
-                         verbose=self.options.verbose)
-        plan_seconds = time.perf_counter() - started
-        self._use(plan)
-        self._summarise(plan, plan_seconds)
+        self._use(self.plan)
 
     def _use(self, plan: Plan) -> None:
         """Moves variables, installs the plan-applying step and rebuilds the train function."""
@@ -299,84 +289,56 @@ class Driver:
             raise KerasflowError("a data-parallel plan replicates the step; FastTStrategy runs one replica whose "
                                  "ops it spreads (use tf.distribute.MirroredStrategy for replicas)")
         self.plan = plan
+        self._homes_before = current_homes(self.model)
         move_variables(self.model, group_devices(plan, self.graph), creating=self.creating)
         self.applier = PlanApplier(plan, self.graph, self.options.devices)
+        self.state = "planned"
         self._install()
-        self._rebuild()
+        self.rebuild()
         self._read_back = True
         self._measured = [] if self.options.log_dir else None
 
     _MEASURED_STEPS = 5
 
     def _measure_planned_step(self) -> None:
-        """Times planned steps (the first one, which retraces, is left out) and, after a few,
-        writes TensorBoard scalars to ``log_dir/kerasflow``: predicted and measured step time,
-        samples per second, and each device's predicted utilisation."""
+        """Times planned steps (the first one, which retraces, is left out) and then writes the
+        TensorBoard scalars once."""
         if self._read_back or self.step <= self._window()[1] + 1:
             return
         self._measured.append(time.perf_counter() - self._step_started)
         if len(self._measured) < self._MEASURED_STEPS:
             return
-        measured = sorted(self._measured)[len(self._measured) // 2]
+        measured = float(np.median(self._measured))
         self._measured = None
         self.report["measured_step_time"] = measured
-        batch = self.plan.batch_size or (self.graph.batch_size if self.graph is not None else 0)
-        writer = tf.summary.create_file_writer(os.path.join(self.options.log_dir, "kerasflow"))
-        with writer.as_default():
-            tf.summary.scalar("step_time/predicted_seconds", self.plan.predicted_step_time, step=self.step)
-            tf.summary.scalar("step_time/measured_seconds", measured, step=self.step)
-            if batch:
-                tf.summary.scalar("samples_per_second/measured", batch / measured, step=self.step)
-                tf.summary.scalar("samples_per_second/predicted", batch / self.plan.predicted_step_time,
-                                  step=self.step)
-            if self.graph is not None:
-                result = simulate(self.graph, self.cluster(), self.plan, memory=False)
-                for device, share in result.utilization.items():
-                    tf.summary.scalar(f"utilization/{device.strip('/').replace(':', '_')}", share, step=self.step)
-        writer.flush()
+        self.reporter.write_scalars(self.options.log_dir, self.step, self.plan, self.graph, self.cluster(), measured)
 
-    def _zeros_batch(self):
-        """A batch of zeros shaped like the traced one (an unknown batch size taken from the data)."""
-        def zeros(spec):
-            if not isinstance(spec, tf.TensorSpec):
-                return spec
-            dims = spec.shape.as_list()
-            if dims and dims[0] is None:
-                if self.batch_hint is None:
-                    raise KerasflowError("the batch size is unknown (the data has a partial last batch); use "
-                                         "FastTStrategy, whose dataset reveals it, or batches of one size")
-                dims[0] = self.batch_hint
-            if any(d is None for d in dims):
-                raise KerasflowError(f"the step's inputs have unknown dimensions {spec.shape}")
-            return tf.zeros(dims, spec.dtype)
-        return tf.nest.map_structure(zeros, self.spec)
-
-    def _rebuild(self) -> None:
-        """Retraces the train function with the plan; if its first run fails (TensorFlow refuses
-        the placement), training goes back to the default placement for that same step."""
+    def rebuild(self) -> None:
+        """Retraces the train function with the plan, every call of it guarded."""
         self.model.make_train_function(force=True)
-        function = self.model.train_function
+        planned = self.model.train_function
         driver = self
-        state = {"first": True}
 
         def guarded(iterator):
-            if not state["first"]:
-                return function(iterator)
-            state["first"] = False
+            if driver.state != "planned":
+                return driver.model.train_function(iterator)
             try:
-                return function(iterator)
-            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, tf.errors.InternalError) as error:
+                return planned(iterator)
+            except _NOT_OURS:
+                raise
+            except Exception as error:  # noqa: BLE001 - never lose the user's training
                 applier = driver.applier
                 if applier is not None and applier.plan.order and not applier.skip_order:
                     # First retreat: keep the placement, drop the per-device order.
                     applier.skip_order = True
-                    driver._warn(f"kerasflow: the planned order could not run ({str(error).splitlines()[0]}); "
-                                 "keeping the placement without it.")
-                    driver._rebuild()
-                    return driver.model.train_function(iterator)
-                driver._fail("running the planned step", error)
+                    driver.reporter.warn(f"kerasflow: the planned order could not run ({_describe(error)}); "
+                                         "keeping the placement without it.")
+                    driver.rebuild()
+                else:
+                    driver._fail("running the planned step", error)
                 return driver.model.train_function(iterator)
 
+        guarded._kerasflow_guarded = True
         object.__setattr__(self.model, "train_function", guarded)
 
     def cluster(self) -> Cluster:
@@ -395,98 +357,79 @@ class Driver:
                 self.options.cluster = cluster_of(devices)
         return self.options.cluster
 
-    def _summarise(self, plan: Plan, seconds: float) -> None:
-        c = plan.candidates
-        single = c.get("single_device")
-        parallel = baselines.data_parallel(self.graph, self.cluster()).predicted_step_time
-        line = (f"kerasflow: {len(self.options.devices)} devices, planned in {seconds:.1f}s ({plan.algorithm}): "
-                f"predicted step {plan.predicted_step_time * 1e3:.2f} ms")
-        if single:
-            line += f", {single / plan.predicted_step_time:.2f}x single device"
-        if parallel:
-            line += f", {parallel / plan.predicted_step_time:.2f}x data-parallel"
-        self.report = {"plan_seconds": seconds, "algorithm": plan.algorithm,
-                       "predicted_step_time": plan.predicted_step_time, "candidates": dict(c)}
-        self._say(line)
-        if self.options.log_dir:
-            os.makedirs(self.options.log_dir, exist_ok=True)
-            plan.save(os.path.join(self.options.log_dir, "plan.json"))
-            self.graph.save(os.path.join(self.options.log_dir, "profile.json"))
-            simulate(self.graph, self.cluster(), plan).save_chrome_trace(
-                os.path.join(self.options.log_dir, "timeline.json"))
+    # ------------------------------------------------------------------ reports
+    def placement_report(self) -> PlacementReport | None:
+        """Ops off the plan, read back after the rebuild, and whether the plan is in force (None
+        before a plan was applied)."""
+        if self.fallback is not None:
+            return PlacementReport(self.mismatches or [], in_force=False, fallback=self.fallback)
+        if self.mismatches is None:
+            return None
+        return PlacementReport(self.mismatches, in_force=self.state == "planned")
 
-    # ------------------------------------------------------------------ read-back
-    def _read_placement(self) -> None:
-        from tensorflow.python.eager import context
+    @property
+    def in_force(self) -> bool:
+        """True while the plan runs (False before it is applied and after a fallback)."""
+        return self.state == "planned"
 
-        metadata = context.context().export_run_metadata()
-        context.context().disable_run_metadata()
-        if metadata is None or self.applier is None:
-            return
-        # A name can appear in several partition graphs (functions instantiated more than
-        # once): an op is where the plan put it if any of its instances is.
-        actual: dict[str, set[str]] = {}
-        planned_of: dict[str, str] = {}
-        for partition in metadata.partition_graphs:
-            for node in partition.node:
-                name = _strip_call(node.name)
-                if name is None or node.op in ("_Send", "_Recv", "_Arg", "_Retval", "NoOp", "Const"):
-                    continue
-                base, _, shard = split_name(name)
-                if node.op.startswith(_RESOURCE_OPS):
-                    # Runs where its variable lives: compare with the variable's planned home.
-                    planned = self.plan.placement.get(base) if shard < 0 else None
-                else:
-                    planned, _ = self.applier.device_for(name)
-                    if base not in self.plan.placement and shard < 0:
-                        planned = None
-                if planned is None:
-                    continue
-                planned_of[name] = planned
-                actual.setdefault(name, set()).add(normalize_device(node.device))
-        mismatches = [PlacementMismatch(name, planned_of[name], ", ".join(sorted(devices)))
-                      for name, devices in sorted(actual.items()) if planned_of[name] not in devices]
-        self.mismatches = mismatches
-
-    # ------------------------------------------------------------------ messages
-    def _say(self, line: str) -> None:
-        if self.options.verbose in (0, "0", False):
-            return
-        (self.emit or (lambda text: print(text, file=sys.stdout, flush=True)))(line)
-
-    def _warn(self, message: str) -> None:
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    # ------------------------------------------------------------------ failure
+    def _unplanned(self):
+        """The model's own ``train_step`` for a while (to trace the step as the user wrote it)."""
+        return _Swapped(self.model, self._original_step)
 
     def _fail(self, stage: str, error: Exception) -> None:
+        """Goes back to the default placement for good, with one warning naming the cause."""
         if self._profiler is not None:
             try:
                 self._profiler.stop()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - already failing; the first cause is the one to report
                 pass
             self._profiler = None
-        self.failed = True
-        self._warn(f"kerasflow: {stage} failed ({type(error).__name__}: {error}); training continues on the "
-                   "default placement.")
-        if self.model is not None and self._original_step is not None and self.applier is not None:
-            try:
-                object.__setattr__(self.model, "train_step", self._original_step)
-                self.model.make_train_function(force=True)
-            except Exception:  # noqa: BLE001
-                pass
+        self._trace = None
+        self._read_back = False
+        planned = self.state == "planned"
+        self.state = "default"
+        self.fallback = f"{stage} failed: {_describe(error)}"
+        self.reporter.warn(f"kerasflow: {stage} failed ({_describe(error)}); training continues on the default "
+                           f"placement{'' if planned else ', unchanged'}. {_FIX}")
+        if self.model is None or self._original_step is None:
+            return
+        try:
+            if self._homes_before:
+                move_variables(self.model, self._homes_before, creating=self.creating)
+            self.applier = None
+            object.__setattr__(self.model, "train_step", self._original_step)
+            self.model.make_train_function(force=True)
+        except Exception:  # noqa: BLE001 - the warning above already names the cause
+            pass
 
 
-_RESOURCE_OPS = ("ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
-                 "ResourceApply", "ResourceGather", "ResourceScatter", "VarHandleOp", "VarIsInitializedOp")
+_FIX = ("If this persists, report it with the model's code, or plan offline with kerasflow.profiling."
+        "profile_model and kerasflow.plan and pass plan=.")
 
 
-def _strip_call(name: str) -> str | None:
-    """The step's op name inside fit's graph (inlined under a call prefix), else None."""
-    parts = name.split("/")
-    stripped = 0
-    while parts and (parts[0].startswith(("StatefulPartitionedCall", "PartitionedCall", "__inference"))):
-        parts = parts[1:]
-        stripped += 1
-    return "/".join(parts) if stripped and parts else None
+class _Swapped:
+    """Context manager: ``model.train_step`` is ``step`` inside."""
+
+    def __init__(self, model, step):
+        self.model, self.step = model, step
+
+    def __enter__(self):
+        self.saved = self.model.__dict__.get("train_step")
+        object.__setattr__(self.model, "train_step", self.step)
+
+    def __exit__(self, *exc):
+        object.__setattr__(self.model, "train_step", self.saved)
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:400]
+
+
+def _batch_size(batch) -> int:
+    first = next((t for t in tf.nest.flatten(batch) if hasattr(t, "shape") and len(t.shape)), None)
+    return int(first.shape[0]) if first is not None else 0
 
 
 def build_graph_structure(ops) -> OpGraph:

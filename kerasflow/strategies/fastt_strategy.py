@@ -10,9 +10,11 @@ import tensorflow as tf
 from tensorflow.python.distribute import one_device_strategy
 from tensorflow.python.framework import ops
 
+from kerasflow import _compat
 from kerasflow.planner import Cluster, Plan
 from kerasflow.planner.errors import KerasflowError
-from kerasflow.strategies.driver import Driver, Options
+from kerasflow.strategies.driver import Driver
+from kerasflow.strategies.options import Options
 
 __all__ = ["FastTStrategy"]
 
@@ -143,21 +145,29 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
                           "kerasflow.devices.virtual_cpus(4) or use a machine with several GPUs.", stacklevel=2)
         extended = _FastTExtended(self, devices[0])
         tf.distribute.Strategy.__init__(self, extended)
-        self._driver = Driver(self._options, creating=extended.creating_on)
+        self._drivers: list[Driver] = []  # one per model trained under this strategy, newest last
 
-    def experimental_distribute_dataset(self, dataset, options=None):
-        self._note_batch(dataset)
-        return super().experimental_distribute_dataset(dataset, options)
+    @contextlib.contextmanager
+    def scope(self):
+        """The strategy's scope (create and compile the model inside it).
 
-    def _note_batch(self, dataset) -> None:
-        """Learns the batch size when the dataset's batch dimension is unknown (partial batches)."""
-        try:
-            if self._driver.batch_hint is None:
-                element = next(iter(dataset.take(1)))
-                first = next(t for t in tf.nest.flatten(element) if hasattr(t, "shape"))
-                self._driver.batch_hint = int(first.shape[0])
-        except Exception:  # noqa: BLE001 - only a hint
-            pass
+        Keras builds a model that was never called before ``fit`` under every
+        ``tf.distribute`` strategy; a subclassed model without ``call()`` (a VAE whose
+        ``train_step`` uses its sub-models) cannot be built that way, and this says so in
+        one line.
+        """
+        with super().scope():
+            try:
+                yield self
+            except RuntimeError as error:
+                if "Unable to automatically build the model" not in str(error):
+                    raise
+                raise KerasflowError(
+                    "Keras cannot build this model under a tf.distribute strategy (it has no call(), so it cannot "
+                    "be called on a batch). Either build it before fit (call it on a batch, or set "
+                    "model.built = True when all its sub-models are built), or build it without the strategy and "
+                    "pass callbacks=[kerasflow.callbacks.FastT()] to fit. Received: "
+                    f"{str(error).splitlines()[0]}") from None
 
     @property
     def devices(self) -> list[str]:
@@ -165,14 +175,44 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         return list(self._options.devices)
 
     @property
+    def options(self) -> Options:
+        """The settings this strategy plans with (arguments, then ``KERASFLOW_*`` variables)."""
+        return self._options
+
+    @property
+    def report(self) -> dict:
+        """What planning did for the model trained last: ``plan_seconds`` (profile + plan +
+        rebuild), ``algorithm``, ``predicted_step_time``, ``candidates``, ``summary`` (the
+        printed line) and, with ``log_dir``, ``measured_step_time``; empty before planning."""
+        driver = self._driver_of()
+        return dict(driver.report) if driver is not None else {}
+
+    def _driver_of(self, model=None) -> Driver | None:
+        if model is None:
+            return self._drivers[-1] if self._drivers else None
+        return next((d for d in self._drivers if d.model is model), None)
+
+    def plan_for(self, model=None) -> Plan | None:
+        """The plan of ``model`` (default: the model trained last), None until it is computed."""
+        driver = self._driver_of(model)
+        return driver.plan if driver is not None else None
+
+    @property
     def plan(self) -> Plan | None:
-        """The plan in use (None until it is computed)."""
-        return self._driver.plan
+        """The plan of the model trained last under this strategy (None until it is computed)."""
+        return self.plan_for()
+
+    @property
+    def plan_in_force(self) -> bool:
+        """True while the plan of the model trained last runs (False before and after a fallback)."""
+        driver = self._driver_of()
+        return driver is not None and driver.in_force
 
     @property
     def profile(self):
-        """The profiled ``OpGraph`` (None until profiled)."""
-        return self._driver.graph
+        """The profiled ``OpGraph`` of the model trained last (None until profiled)."""
+        driver = self._driver_of()
+        return driver.graph if driver is not None else None
 
     def use_plan(self, plan: Plan | str) -> None:
         """Uses ``plan`` (a ``Plan`` or a path) from the next ``fit`` instead of profiling.
@@ -192,12 +232,21 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             raise KerasflowError(f"The plan uses device(s) {unknown} that this strategy does not have "
                                  f"({self._options.devices}). Replan for these devices.")
         self._options.plan = plan
-        self._driver = Driver(self._options, creating=self.extended.creating_on)
+        for driver in self._drivers:
+            driver.detach()
+        self._drivers.clear()
 
-    def placement_report(self) -> list:
-        """Ops that did not land where the plan put them, read from the partition graphs after the
-        rebuild (``[]`` when all did; None before the plan is applied)."""
-        return self._driver.mismatches
+    def placement_report(self, model=None):
+        """Ops of ``model`` (default: the model trained last) that did not land where the plan put
+        them, read from the partition graphs after the rebuild.
+
+        Returns:
+            A ``PlacementReport``: a list (``[]`` when every op did) with ``in_force`` (False
+            once training went back to the default placement) and ``fallback`` (why); None
+            before a plan was applied.
+        """
+        driver = self._driver_of(model)
+        return driver.placement_report() if driver is not None else None
 
     def _intercept(self, fn, args=()):
         if getattr(fn, "_kerasflow_internal", False):
@@ -207,19 +256,21 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             inner = inner.__wrapped__  # Strategy.run wraps fn with autograph
             if getattr(inner, "_kerasflow_internal", False):
                 return fn
-        from kerasflow import _compat
-
         model = _compat.model_of_step_function(inner)
-        if len(self._options.devices) < 2 or model is None:
+        if len(self._options.devices) < 2 or model is None or self._driver_of(model) is not None:
             return fn
-        driver = self._driver
-        if driver.model is not model and not driver.failed:
-            driver.attach(model)
+        driver = Driver(self._options.copy(), creating=self.extended.creating_on)
+        self._drivers.append(driver)
+        try:
+            driver.attach(model, verbose=_compat.fit_verbosity())
             _wrap_train_function(model, driver)
-            driver.step = 1  # this first call of the train function is step 0
-            if args:
-                driver._record(args[0])
-        return fn
+        except Exception as error:  # noqa: BLE001 - never lose the user's training
+            driver._fail("attaching", error)
+            return fn
+        driver.step = 1  # this first call of the train function is step 0
+        # Keras 3 passes the bound train_step it looked up before the driver installed its
+        # own; tf-keras passes a closure that looks model.train_step up when it runs.
+        return driver.step_function if getattr(inner, "__self__", None) is model else fn
 
 
 def _wrap_train_function(model, driver: Driver) -> None:

@@ -80,21 +80,28 @@ class PlannedStep:
         on_trace: called with the batch structure each time the step is traced.
         custom_step: True when the model overrides ``train_step`` (placement and order
             only: no splits or waves).
+        on_batch: while no plan is applied, called with each batch the step runs on, as
+            numpy values (kerasflow profiles with a real batch of the user's data: string
+            inputs, lookup layers and unknown dimensions need one). None: not recorded.
     """
 
     def __init__(self, model, original: Callable, applier: PlanApplier | None = None,
-                 on_trace: Callable[[Any], None] | None = None, custom_step: bool = False):
+                 on_trace: Callable[[Any], None] | None = None, custom_step: bool = False,
+                 on_batch: Callable[[Any], None] | None = None):
         self.model = model
         self.original = original
         self.applier = applier
         self.on_trace = on_trace
         self.custom_step = custom_step
+        self.on_batch = on_batch
         self.__name__ = "train_step"
 
     def __call__(self, data):
         if self.on_trace is not None:
             self.on_trace(data)
         if self.applier is None or tf.executing_eagerly():
+            if self.on_batch is not None and not tf.executing_eagerly():
+                _record_batch(data, self.on_batch)
             return self.original(data)
         graph = tf.compat.v1.get_default_graph()
         start = last_op_id(graph)
@@ -160,6 +167,24 @@ class PlannedStep:
         model.optimizer.apply_gradients(zip(total_gradients, variables))
         prediction = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
         return _compat.finish_step(model, x, y, prediction, sample_weight, tf.add_n(losses), batch)
+
+
+def _record_batch(data, record: Callable[[Any], None]) -> None:
+    """Adds an op that hands the step's batch to ``record`` as numpy values each time it runs."""
+    from tensorflow.python.ops import control_flow_util
+
+    flat = tf.nest.flatten(data)
+    if not flat or not all(isinstance(t, tf.Tensor) for t in flat):
+        return  # ragged or sparse inputs: profiled from zeros shaped like the batch instead
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        return  # a step Keras compiled with XLA before kerasflow turned it off: no Python ops there
+
+    def keep(*values):
+        record(tf.nest.pack_sequence_as(data, [v.numpy() for v in values]))
+        return []
+
+    with tf.device("/CPU:0"):  # host memory: the batch is copied out anyway
+        tf.py_function(keep, flat, Tout=[], name="kerasflow_record_batch")
 
 
 def _add(a, b):

@@ -1,9 +1,9 @@
-"""Moves variables (and their optimizer slots) to the devices a plan gives their groups, values kept.
+"""Moves variables (and every optimizer's slots) to the devices a plan gives their groups, values kept.
 
 An op that reads or writes a variable always runs where the variable lives, so moving a
 layer's work means moving its variables. Keras 3 keeps the TensorFlow variable behind each
 Keras variable in one attribute, so a new variable with the same value is created on the
-target device and swapped in; the optimizer's index of its variables is rebuilt. tf-keras
+target device and swapped in; every optimizer's index of its variables is rebuilt. tf-keras
 variables are referenced from many places and are left where they are (the placement
 report lists their ops as not moved).
 """
@@ -18,7 +18,7 @@ from kerasflow import _compat
 from kerasflow.planner.plan import Plan
 from kerasflow.strategies.applier import normalize_device
 
-__all__ = ["move_variables", "group_devices"]
+__all__ = ["move_variables", "group_devices", "current_homes"]
 
 
 def _swap(variable, device: str, creating) -> bool:
@@ -44,6 +44,18 @@ def group_devices(plan: Plan, graph) -> dict[str, str]:
     return devices
 
 
+def _everything(model) -> list:
+    return _compat.model_variables(model) + _compat.optimizer_variables(model) + _compat.metric_variables(model)
+
+
+def current_homes(model) -> dict[str, str]:
+    """Variable path -> the device it lives on now (to move variables back after a fallback)."""
+    if not _compat.can_move_variables(model):
+        return {}
+    return {_compat.variable_path(v): normalize_device(v.value.device) for v in _everything(model)
+            if hasattr(v, "_value")}
+
+
 def move_variables(model, homes: dict[str, str], *, creating=None) -> int:
     """Puts each model variable and its optimizer slots on its group's device.
 
@@ -61,9 +73,7 @@ def move_variables(model, homes: dict[str, str], *, creating=None) -> int:
     creating = creating or (lambda device: contextlib.nullcontext())
     moved = 0
     owners = sorted(homes, key=len, reverse=True)
-    everything = (_compat.model_variables(model) + _compat.optimizer_variables(model)
-                  + _compat.metric_variables(model))
-    for variable in everything:
+    for variable in _everything(model):
         path = _compat.variable_path(variable)
         device = homes.get(path)
         if device is None:  # an optimizer slot lives with the variable it belongs to
@@ -72,10 +82,5 @@ def move_variables(model, homes: dict[str, str], *, creating=None) -> int:
             device = homes.get(owner) if owner else None
         if device is not None and hasattr(variable, "_value"):
             moved += _swap(variable, device, creating)
-    optimizer = model.optimizer
-    indices = getattr(optimizer, "_trainable_variables_indices", None)
-    if indices is not None and getattr(optimizer, "_trainable_variables", None) is not None:
-        indices.clear()
-        for i, variable in enumerate(optimizer._trainable_variables):
-            indices[optimizer._var_key(variable)] = i
+    _compat.reindex_optimizers(model)
     return moved

@@ -197,7 +197,7 @@ def test_jit_compile_is_turned_off_with_the_reason(capsys):
         model = models.mlp(keras, dropout=False)
         model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       jit_compile=True)
-    fit(model, x, y)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=2, shuffle=False)  # verbose=0 would silence kerasflow
     out = capsys.readouterr().out
     assert "jit_compile turned off" in out and "kerasflow: 4 devices" in out
 
@@ -214,7 +214,7 @@ def test_custom_train_step_gets_placement_only(capsys):
         inputs = keras.Input((8,))
         model = Custom(inputs, keras.layers.Dense(4)(keras.layers.Dense(16, activation="relu")(inputs)))
         model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    fit(model, x, y)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=2, shuffle=False)
     assert "placement and order are applied" in capsys.readouterr().out
     assert strategy.plan is not None and strategy.plan.waves is None and not strategy.plan.splits
 

@@ -1,0 +1,183 @@
+"""The driver's promises on 4 logical CPUs: each model its own plan, no optional package undoes a
+plan, no failure ends fit, every optimizer keeps its state, and verbose=0 is silent."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import kerasflow
+from kerasflow import KerasflowError
+from kerasflow.strategies.options import Options
+from tests.profiling import models
+
+BATCH = 16
+
+
+def mlp_data():
+    return models.mlp_data(20 * BATCH)
+
+
+def fit(model, x, y, **kwargs):
+    return model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, **kwargs).history["loss"]
+
+
+def kerasflow_warnings(caught):
+    return [str(w.message) for w in caught if str(w.message).startswith("kerasflow:")]
+
+
+def plain_mlp_losses():
+    x, y = mlp_data()
+    keras.utils.set_random_seed(7)
+    return fit(models.mlp(keras, dropout=False), x, y)
+
+
+def test_each_model_under_one_strategy_gets_its_own_profile_and_plan():
+    x, y = mlp_data()
+    strategy = kerasflow.FastTStrategy(verbose=0)
+    with strategy.scope():
+        first = models.mlp(keras, units=(32, 16), dropout=False)
+        second = models.mlp(keras, units=(8,), dropout=False)
+    fit(first, x, y)
+    fit(second, x, y)
+    one, two = strategy.plan_for(first), strategy.plan_for(second)
+    assert one is not None and two is not None and one is not two
+    assert one.graph_fingerprint != two.graph_fingerprint
+    assert strategy.plan is two  # the model trained last
+    assert strategy.placement_report(first).in_force and strategy.placement_report(second).in_force
+
+
+def test_a_missing_tensorboard_never_undoes_the_plan(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    from kerasflow.strategies import reporting
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(reporting.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    x, y = mlp_data()
+    keras.utils.set_random_seed(7)
+    model = models.mlp(keras, dropout=False)
+    callback = kerasflow.callbacks.FastT(log_dir=str(tmp_path), verbose=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=2, shuffle=False,
+                           callbacks=[callback]).history["loss"]
+    assert kerasflow_warnings(caught) == []
+    assert callback.plan_in_force and callback.placement_report().in_force
+    out = capsys.readouterr().out
+    assert out.count("TensorBoard is not installed") == 1 and "the plan is unaffected" in out
+    assert not (tmp_path / "kerasflow").exists()
+    assert losses == pytest.approx(plain_mlp_losses(), rel=1e-5)
+
+
+def test_a_failure_while_tracing_the_planned_step_goes_back_to_the_default_placement(monkeypatch):
+    from kerasflow.strategies.applier import PlanApplier
+
+    def broken(self, ops, captures):
+        raise ValueError("3 nodes in a cycle")
+
+    monkeypatch.setattr(PlanApplier, "apply", broken)
+    x, y = mlp_data()
+    strategy = kerasflow.FastTStrategy(verbose=0)
+    with strategy.scope():
+        keras.utils.set_random_seed(7)
+        model = models.mlp(keras, dropout=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = fit(model, x, y)
+    messages = kerasflow_warnings(caught)
+    # With a per-device order, the order is dropped first; then the plan goes.
+    assert len(messages) == (2 if strategy.plan.order else 1), messages
+    assert all("planned order could not run" in message for message in messages[:-1])
+    assert "3 nodes in a cycle" in messages[-1] and "training continues on the default placement" in messages[-1]
+    report = strategy.placement_report()
+    assert not strategy.plan_in_force and not report.in_force and "3 nodes in a cycle" in report.fallback
+    assert "Plan not in force" in report.summary()
+    assert losses == pytest.approx(plain_mlp_losses(), rel=1e-5)
+
+
+def test_every_optimizer_a_model_owns_keeps_its_state():
+    from tests.compat.tutorial_models import gan, gan_dataset
+
+    keras.utils.set_random_seed(7)
+    model = gan()
+    data = gan_dataset()
+    callback = kerasflow.callbacks.FastT(verbose=0)
+    model.fit(data, epochs=2, verbose=0, callbacks=[callback])
+    steps = 2 * len(list(data))
+    # Profiling ran the step many more times; none of those updates may remain.
+    assert int(model.d_optimizer.iterations.numpy()) == steps
+    assert int(model.g_optimizer.iterations.numpy()) == steps
+    assert callback.plan_in_force
+
+
+def test_verbose_zero_prints_nothing_not_even_the_profiler(capfd):
+    x, y = mlp_data()
+    keras.utils.set_random_seed(7)
+    model = models.mlp(keras, dropout=False)
+    callback = kerasflow.callbacks.FastT()
+    fit(model, x, y, callbacks=[callback])
+    out, err = capfd.readouterr()
+    assert callback.plan_in_force
+    assert out == ""
+    assert "kerasflow" not in err and "rofiler" not in err, err[-2000:]
+
+
+def test_every_phase_is_shown_with_verbose(capsys):
+    x, y = mlp_data()
+    keras.utils.set_random_seed(7)
+    model = models.mlp(keras, dropout=False)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=2, callbacks=[kerasflow.callbacks.FastT()])
+    out = capsys.readouterr().out
+    for phase in ("warm-up steps", "tracing the training step", "profiling", "planning for 4 devices",
+                  "rebuilding the training step", "planned in"):
+        assert phase in out, out
+
+
+@pytest.mark.parametrize("raw, expected", [("no", False), ("OFF", False), ("0", False), ("yes", True),
+                                           ("True", True), ("on", True)])
+def test_boolean_settings_from_the_environment(monkeypatch, raw, expected):
+    monkeypatch.setenv("KERASFLOW_SPLIT", raw)
+    assert Options.build(["/CPU:0"]).split is expected
+
+
+@pytest.mark.parametrize("name, value, match", [
+    ("tick_tock", "sometimes", "tick_tock must be one of"),
+    ("split", "maybe", "split must be a boolean"),
+    ("warmup_steps", 1, "warmup_steps must be an integer >= 2"),
+    ("memory_limit", float("nan"), "memory_limit must be a positive number"),
+    ("verbose", "loud", "verbose must be"),
+])
+def test_bad_settings_are_refused_when_the_door_is_made(name, value, match):
+    with pytest.raises(KerasflowError, match=match):
+        kerasflow.FastTStrategy(**{name: value})
+    with pytest.raises(KerasflowError, match=match):
+        kerasflow.callbacks.FastT(**{name: value})
+
+
+def test_a_bad_environment_setting_names_the_variable(monkeypatch):
+    monkeypatch.setenv("KERASFLOW_TICK_TOCK", "sometimes")
+    with pytest.raises(KerasflowError, match="KERASFLOW_TICK_TOCK must be one of"):
+        kerasflow.FastTStrategy()
+
+
+def test_a_model_keras_cannot_build_under_a_strategy_gets_one_line_naming_the_fix():
+    from tests.compat.tutorial_models import vae, vae_data
+
+    strategy = kerasflow.FastTStrategy(verbose=0)
+    with strategy.scope():
+        model = vae()
+    with pytest.raises(KerasflowError, match=r"model.built = True.*callbacks=\[kerasflow.callbacks.FastT\(\)\]"):
+        model.fit(vae_data(), batch_size=32, epochs=1, verbose=0)
+
+
+def test_random_and_batch_coupled_layers_are_never_split():
+    from kerasflow.profiling.splittable import is_splittable
+
+    for layer in (keras.layers.Dropout(0.5), keras.layers.GaussianNoise(0.1), keras.layers.RandomFlip(),
+                  keras.layers.BatchNormalization(), keras.layers.Lambda(lambda t: t)):
+        assert not is_splittable(layer), type(layer).__name__
+    assert is_splittable(keras.layers.Dense(2))
+    assert is_splittable(keras.layers.LayerNormalization())
