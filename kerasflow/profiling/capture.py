@@ -26,8 +26,8 @@ __all__ = ["CapturedStep", "CapturedOp", "capture_step", "batch_spec", "last_op_
 # Where Keras puts the loss computation: Keras 3 "compile_loss/...", tf-keras "loss/...".
 _LOSS_SCOPES = ("compile_loss/", "loss/")
 
-# The colocation group of host-only work: string ops (preprocessing layers, string inputs)
-# and ops on lookup tables, which live where they were created. Kept together, never split.
+# The colocation groups of host-only work (one per layer): string ops (preprocessing layers,
+# string inputs) and ops on lookup tables, which live where they were created. Never split.
 HOST_GROUP = "kerasflow:host"
 
 
@@ -250,7 +250,9 @@ def capture_step(model, batch) -> CapturedStep:
                 op.colocation = group
                 break
         if op.colocation is None and _host_only(tf_op, origin):
-            op.colocation = HOST_GROUP
+            # One group per layer: a lookup layer's table ops stay together, while layer-wise
+            # placement (which places whole layers) can still put layers apart.
+            op.colocation = f"{HOST_GROUP}/{layer_of_id.get(tf_op._id) or ''}"
         layer = layer_of_id.get(tf_op._id)
         if layer is not None:
             op.layer, op.phase = layer, "forward"
@@ -314,7 +316,8 @@ def capture_step(model, batch) -> CapturedStep:
 
     # Which ops may be split along the batch.
     for op in captured:
-        if op.phase not in ("forward", "backward") or op.colocation == HOST_GROUP or "Random" in op.type:
+        if op.phase not in ("forward", "backward") or "Random" in op.type or (
+                op.colocation or "").startswith(HOST_GROUP):
             continue  # random ops outside layers draw per call: never split either
         if op.layer is None:
             op.batch_axis = 0  # losses and glue: per-sample work, reductions summed by the strategy

@@ -257,19 +257,22 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             if getattr(inner, "_kerasflow_internal", False):
                 return fn
         model = _compat.model_of_step_function(inner)
-        if len(self._options.devices) < 2 or model is None or self._driver_of(model) is not None:
+        if len(self._options.devices) < 2 or model is None:
             return fn
-        driver = Driver(self._options.copy(), creating=self.extended.creating_on)
-        self._drivers.append(driver)
-        try:
-            driver.attach(model, verbose=_compat.fit_verbosity())
-            _wrap_train_function(model, driver)
-        except Exception as error:  # noqa: BLE001 - never lose the user's training
-            driver._fail("attaching", error)
-            return fn
-        driver.step = 1  # this first call of the train function is step 0
+        driver = self._driver_of(model)
+        if driver is None:
+            driver = Driver(self._options.copy(), creating=self.extended.creating_on)
+            self._drivers.append(driver)
+            try:
+                driver.attach(model, verbose=_compat.fit_verbosity())
+                _wrap_train_function(model, driver)
+            except Exception as error:  # noqa: BLE001 - never lose the user's training
+                driver._fail("attaching", error)
+                return fn
+            driver.step = 1  # this first call of the train function is step 0
         # Keras 3 passes the bound train_step it looked up before the driver installed its
-        # own; tf-keras passes a closure that looks model.train_step up when it runs.
+        # own (on every trace of that train function: TensorFlow traces twice when the first
+        # trace creates variables); tf-keras passes a closure that looks model.train_step up.
         return driver.step_function if getattr(inner, "__self__", None) is model else fn
 
 
