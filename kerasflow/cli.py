@@ -6,15 +6,49 @@ Only ``kerasflow profile`` imports TensorFlow; the others work on JSON files.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Sequence
 
 from kerasflow.planner import Cluster, KerasflowError, OpGraph, Plan, baselines, simulate, synthetic
+from kerasflow.planner._jsonio import check_writable
 from kerasflow.planner.planning import TICK_TOCK_MODES, candidate_plans, plan as make_plan
 from kerasflow.planner.report import format_bytes, format_table
 from kerasflow.planner.hardware import DEVICE_SPECS
 
 __all__ = ["main", "comparison_rows", "label"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1. Received: {text!r}")
+    return value
+
+
+def _positive_bytes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of bytes. Received: {text!r}")
+    return value
+
+
+def _check_outputs(args, *names: str) -> None:
+    """Before any work: every output path named in ``names`` can be written and is no input."""
+    inputs = tuple(getattr(args, name, None) for name in ("profile", "plan", "model") if getattr(args, name, None))
+    for name in names:
+        path = getattr(args, name, None)
+        if path:
+            check_writable(path, what="trace" if name == "trace" else "output", inputs=inputs)
+    paths = [getattr(args, name) for name in names if getattr(args, name, None)]
+    if len(set(paths)) < len(paths):
+        raise KerasflowError(f"The outputs must be different files. Received: {paths}")
 
 
 def _graph(args) -> OpGraph:
@@ -74,6 +108,7 @@ def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None, 
 
 
 def _compare(args) -> int:
+    _check_outputs(args, "trace")
     graph = _graph(args)
     cluster = Cluster.resolve(args.cluster)
     batch = args.batch_size or graph.batch_size
@@ -121,6 +156,7 @@ def _largest_batches(graph: OpGraph, cluster: Cluster) -> dict[str, str]:
 
 
 def _simulate(args) -> int:
+    _check_outputs(args, "trace")
     graph = _graph(args)
     cluster = Cluster.resolve(args.cluster)
     plan = Plan.load(args.plan)
@@ -136,6 +172,7 @@ def _simulate(args) -> int:
 
 
 def _plan(args) -> int:
+    _check_outputs(args, "output", "trace")
     graph = _graph(args)
     cluster = Cluster.resolve(args.cluster)
     best = make_plan(graph, cluster, batch_size=args.batch_size, split=not args.no_split, tick_tock=args.tick_tock,
@@ -162,6 +199,7 @@ def _show(args) -> int:
 
 
 def _profile(args) -> int:
+    _check_outputs(args, "output")
     from kerasflow.profiling.saved import profile_saved_model
 
     graph = profile_saved_model(args.model, batch_size=args.batch_size, input_shapes=args.input_shape,
@@ -190,23 +228,31 @@ def _clusters(args) -> int:
 
 
 def _synthetic(args) -> int:
+    _check_outputs(args, "output")
     graph = synthetic.build(args.family)
     graph.save(args.output)
     print(f"Wrote {graph.name!r} ({len(graph)} ops) to {args.output}.")
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with kerasflow's error form: exit status 2 and one line (``--help`` shows usage)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kerasflow", description="Plan and simulate multi-device Keras training steps.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = _Parser(prog="kerasflow", description="Plan and simulate multi-device Keras training steps.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     def graph_arguments(sub):
         sub.add_argument("profile", nargs="?", help="a profile (OpGraph) JSON file")
         sub.add_argument("--synthetic", choices=sorted(synthetic.FAMILIES),
                          help="use a built-in synthetic graph instead of a profile")
         sub.add_argument("--cluster", required=True, help="a preset name (see `kerasflow clusters`) or a cluster JSON file")
-        sub.add_argument("--batch-size", type=int, default=None, help="the batch to predict (default: the profile's)")
+        sub.add_argument("--batch-size", type=_positive_int, default=None,
+                         help="the batch to predict (default: the profile's)")
         sub.add_argument("--trace", help="write a Chrome-trace timeline to this file")
 
     compare = commands.add_parser("compare", help="predicted step time of each strategy on a cluster")
@@ -222,7 +268,8 @@ def _parser() -> argparse.ArgumentParser:
     graph_arguments(planner)
     planner.add_argument("--tick-tock", choices=TICK_TOCK_MODES, default="auto", help="Tick-Tock waves (default auto)")
     planner.add_argument("--no-split", action="store_true", help="do not split layers across devices")
-    planner.add_argument("--memory-limit", type=float, default=None, help="bytes of memory per device at most")
+    planner.add_argument("--memory-limit", type=_positive_bytes, default=None,
+                         help="bytes of memory per device at most")
     planner.add_argument("-o", "--output", required=True, help="where to write the plan JSON")
     planner.set_defaults(run=_plan)
     show = commands.add_parser("show", help="summarise a plan: devices, layers, busy shares, splits, waves")
@@ -232,10 +279,10 @@ def _parser() -> argparse.ArgumentParser:
     show.set_defaults(run=_show)
     profile = commands.add_parser("profile", help="profile a saved Keras model on synthetic data")
     profile.add_argument("model", help="a saved model (.keras)")
-    profile.add_argument("--batch-size", type=int, required=True, help="the batch to profile")
+    profile.add_argument("--batch-size", type=_positive_int, required=True, help="the batch to profile")
     profile.add_argument("--input-shape", action="append", default=None,
                          help="an input's shape without the batch, e.g. 32,32,3 (repeat per input; default: the model's)")
-    profile.add_argument("--steps", type=int, default=3, help="profiled steps (default 3)")
+    profile.add_argument("--steps", type=_positive_int, default=3, help="profiled steps (default 3)")
     profile.add_argument("-o", "--output", required=True, help="where to write the profile JSON")
     profile.set_defaults(run=_profile)
     clusters = commands.add_parser("clusters", help="the cluster presets and device figures")
@@ -255,7 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         preset ...
         0
     """
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as stop:  # --help (0) or a bad argument (2, its one line already printed)
+        return stop.code if isinstance(stop.code, int) else 2
     try:
         return args.run(args)
     except KerasflowError as error:

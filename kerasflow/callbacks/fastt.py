@@ -94,7 +94,7 @@ class FastT(keras.callbacks.Callback):
             elif driver.state in ("warming_up", "profiling"):
                 self.model.make_train_function(force=True)
         except Exception as error:  # noqa: BLE001 - never lose the user's training
-            driver._fail("attaching", error)
+            driver.fall_back("attaching", error)
 
     def on_train_batch_begin(self, batch, logs=None):
         self.driver.before_step()

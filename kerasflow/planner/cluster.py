@@ -15,6 +15,8 @@ __all__ = ["Device", "Link", "Cluster", "CLUSTER_FORMAT_VERSION"]
 
 CLUSTER_FORMAT_VERSION = 1
 _CLUSTER_KIND = "kerasflow.Cluster"
+# Logical CPUs of one machine: a planner's devices, not a fleet (and a bound on memory use).
+MAX_TESTBED_DEVICES = 1024
 
 
 def _positive(value: Any, what: str, *, zero_ok: bool = False) -> float:
@@ -292,7 +294,7 @@ class Cluster:
     # ------------------------------------------------------------------ presets
     @staticmethod
     def presets() -> list[str]:
-        """Names accepted by ``Cluster.preset`` (``cpu-testbed:N`` takes any N >= 1)."""
+        """Names accepted by ``Cluster.preset`` (``cpu-testbed:N`` takes 1 <= N <= ``MAX_TESTBED_DEVICES``)."""
         return list(_PRESETS) + ["cpu-testbed:N"]
 
     @classmethod
@@ -312,8 +314,9 @@ class Cluster:
         match = re.fullmatch(r"cpu-testbed:(\d+)", str(name))
         if match:
             count = int(match.group(1))
-            if count < 1:
-                raise InvalidClusterError("cpu-testbed:N needs N >= 1.")
+            if not 1 <= count <= MAX_TESTBED_DEVICES:
+                raise InvalidClusterError(f"cpu-testbed:N needs 1 <= N <= {MAX_TESTBED_DEVICES}. "
+                                          f"Received: {name!r}")
             devices = [Device(f"/CPU:{i}", "CPU", DEVICE_SPECS["CPU"].memory) for i in range(count)]
             return cls(devices, SAME_PROCESS, name=name)
         if name not in _PRESETS:
@@ -361,7 +364,7 @@ class Cluster:
 
     def save(self, path) -> None:
         """Writes the cluster as JSON."""
-        _jsonio.save(self.to_dict(), path)
+        _jsonio.save(self.to_dict(), path, what="cluster")
 
     @classmethod
     def load(cls, path) -> "Cluster":

@@ -134,7 +134,14 @@ class Op:
         if not isinstance(self.name, str) or not self.name:
             raise InvalidGraphError(f"Every op needs a non-empty string name; received {self.name!r}.")
         where = f"op {self.name!r}"
-        if self.phase not in PHASES:
+        for field in ("type", "layer", "colocation"):
+            value = getattr(self, field)
+            if not (isinstance(value, str) or (value is None and field != "type")):
+                raise InvalidGraphError(
+                    f"{where}: field {field!r} must be a string{'' if field == 'type' else ' or null'}; "
+                    f"received {value!r}."
+                )
+        if not isinstance(self.phase, str) or self.phase not in PHASES:
             raise InvalidGraphError(
                 f"{where}: field 'phase' must be one of {PHASES}; received {self.phase!r}."
             )
@@ -567,13 +574,20 @@ class OpGraph:
         for field in ("ops", "edges"):
             if not isinstance(data.get(field), list):
                 raise InvalidGraphError(f"field {field!r} must be a list.")
+        if not data["ops"]:
+            raise InvalidGraphError("field 'ops' is empty: a training step has at least one op. "
+                                    "Re-profile the model.")
+        for field, kind in (("name", str), ("metadata", Mapping)):
+            if field in data and not isinstance(data[field], kind):
+                raise InvalidGraphError(f"field {field!r} must be a {'string' if kind is str else 'JSON object'}; "
+                                        f"received {data[field]!r:.80}.")
         ops = [Op.from_dict(op) for op in data["ops"]]
         return cls(ops, data["edges"], batch_size=data.get("batch_size", 1),
                    name=data.get("name", ""), metadata=data.get("metadata") or {})
 
     def save(self, path) -> None:
         """Writes the graph as JSON to ``path`` (gzip-compressed when it ends in ``.gz``)."""
-        _jsonio.save(self.to_dict(), path)
+        _jsonio.save(self.to_dict(), path, what="profile (OpGraph)")
 
     @classmethod
     def load(cls, path) -> "OpGraph":

@@ -9,11 +9,13 @@ from typing import Any, Mapping, Sequence
 from . import _jsonio
 from .errors import InvalidPlanError, KerasflowError
 
-__all__ = ["Shard", "Waves", "DataParallel", "Plan", "PLAN_FORMAT_VERSION", "WAVE_OFFSETS"]
+__all__ = ["Shard", "Waves", "DataParallel", "Plan", "PLAN_FORMAT_VERSION", "WAVE_OFFSETS", "MAX_WAVES"]
 
 PLAN_FORMAT_VERSION = 1
 _PLAN_KIND = "kerasflow.Plan"
 WAVE_OFFSETS = ("forward", "none")
+# More micro-batches than any pipeline uses; a bound on simulation time and memory.
+MAX_WAVES = 64
 
 
 def _version() -> str:
@@ -70,10 +72,13 @@ class Waves:
     fractions: tuple[float, ...] = ()
 
     def __post_init__(self):
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
-            raise InvalidPlanError(f"waves.count must be an integer >= 1; received {self.count!r}.")
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or not 1 <= self.count <= MAX_WAVES:
+            raise InvalidPlanError(f"waves.count must be an integer from 1 to {MAX_WAVES}; received {self.count!r}.")
         if self.offset not in WAVE_OFFSETS:
             raise InvalidPlanError(f"waves.offset must be one of {WAVE_OFFSETS}; received {self.offset!r}.")
+        if any(not isinstance(m, Mapping) for m in self.stage_maps if m):
+            raise InvalidPlanError(f"waves.stage_maps must be device -> device mappings; received "
+                                   f"{list(self.stage_maps)!r:.120}.")
         maps = tuple(_Frozen(dict(m or {})) for m in self.stage_maps)
         if maps and len(maps) != self.count:
             raise InvalidPlanError(
@@ -84,6 +89,8 @@ class Waves:
                     f"a wave's stage map must permute devices (each device once on each side); "
                     f"received {dict(m)!r}.")
         object.__setattr__(self, "stage_maps", maps)
+        if any(isinstance(f, bool) or not isinstance(f, (int, float)) for f in self.fractions):
+            raise InvalidPlanError(f"waves.fractions must be numbers; received {list(self.fractions)!r:.120}.")
         fractions = tuple(float(f) for f in self.fractions)
         if fractions:
             if len(fractions) != self.count:
@@ -209,8 +216,18 @@ class Plan:
                     f"{[s.fraction for s in built]}.")
             splits[layer] = tuple(built)
         object.__setattr__(self, "splits", _Frozen(splits))
-        object.__setattr__(self, "predicted_peak_memory", _Frozen(self.predicted_peak_memory))
-        object.__setattr__(self, "candidates", _Frozen(self.candidates))
+        for field in ("predicted_peak_memory", "candidates"):
+            values = getattr(self, field)
+            if any(not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float))
+                   or not math.isfinite(v) for k, v in values.items()):
+                raise InvalidPlanError(f"Plan field {field!r} must map names to finite numbers; received "
+                                       f"{dict(values)!r:.120}.")
+            object.__setattr__(self, field, _Frozen(values))
+        step = self.predicted_step_time
+        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float))
+                                 or not math.isfinite(step) or step < 0):
+            raise InvalidPlanError(f"Plan field 'predicted_step_time' must be a finite number of seconds or null; "
+                                   f"received {step!r}.")
         if self.data_parallel is not None and (self.placement or self.splits):
             raise InvalidPlanError(
                 "A data-parallel plan runs the whole graph on every device: leave placement and "
@@ -367,7 +384,7 @@ class Plan:
 
     def save(self, path) -> None:
         """Writes the plan as JSON (same plan, byte-identical file)."""
-        _jsonio.save(self.to_dict(), path)
+        _jsonio.save(self.to_dict(), path, what="plan")
 
     @classmethod
     def load(cls, path) -> "Plan":

@@ -139,9 +139,10 @@ class SimulationResult:
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def save_chrome_trace(self, path) -> None:
-        """Writes ``to_chrome_trace()`` as JSON to ``path``."""
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(self.to_chrome_trace(), handle)
+        """Writes ``to_chrome_trace()`` as JSON to ``path`` (atomically: a failure leaves nothing)."""
+        from . import _jsonio
+
+        _jsonio.write_atomically(path, json.dumps(self.to_chrome_trace()).encode("utf-8"), what="timeline")
 
 
 def simulate(graph: OpGraph, cluster: Cluster, plan: Plan, *, batch: float | None = None,

@@ -171,7 +171,7 @@ class Driver:
             if self._read_back:
                 start_recording()
         except Exception as error:  # noqa: BLE001 - never lose the user's training
-            self._fail("profiling", error)
+            self.fall_back("profiling", error)
 
     def after_step(self) -> None:
         """Called after each call of the train function; plans and rebuilds after the profiled steps."""
@@ -202,7 +202,7 @@ class Driver:
                 self._measured = None  # an optional output: it never undoes the plan
                 self.reporter.warn(f"kerasflow: {stage} failed ({_describe(error)}); the plan stays in force.")
             else:
-                self._fail(stage, error)
+                self.fall_back(stage, error)
         self.step += 1
 
     def _window(self) -> tuple[int, int]:
@@ -335,7 +335,7 @@ class Driver:
                                          "keeping the placement without it.")
                     driver.rebuild()
                 else:
-                    driver._fail("running the planned step", error)
+                    driver.fall_back("running the planned step", error)
                 return driver.model.train_function(iterator)
 
         guarded._kerasflow_guarded = True
@@ -377,7 +377,7 @@ class Driver:
         """The model's own ``train_step`` for a while (to trace the step as the user wrote it)."""
         return _Swapped(self.model, self._original_step)
 
-    def _fail(self, stage: str, error: Exception) -> None:
+    def fall_back(self, stage: str, error: Exception) -> None:
         """Goes back to the default placement for good, with one warning naming the cause."""
         if self._profiler is not None:
             try:

@@ -267,7 +267,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
                 driver.attach(model, verbose=_compat.fit_verbosity())
                 _wrap_train_function(model, driver)
             except Exception as error:  # noqa: BLE001 - never lose the user's training
-                driver._fail("attaching", error)
+                driver.fall_back("attaching", error)
                 return fn
             driver.step = 1  # this first call of the train function is step 0
         # Keras 3 passes the bound train_step it looked up before the driver installed its

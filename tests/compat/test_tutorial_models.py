@@ -4,8 +4,8 @@ Each pattern is trained three times from the same seed: on the default strategy 
 Keras), under ``FastTStrategy`` and with the ``FastT`` callback. Through each door the
 plan must be applied and still in force at the end (no fallback warning) and the losses
 must equal plain Keras' to 1e-5 relative. The model trained under the strategy (its
-variables moved to the plan's devices) must then evaluate, predict, save and load as plain
-Keras allows.
+variables moved to the plan's devices) must then keep its plan through a second ``fit``, and
+evaluate, predict, save and load (weights, ``.keras``, legacy ``.h5``) as plain Keras allows.
 """
 
 import functools
@@ -84,7 +84,18 @@ def test_pattern_trains_on_its_plan_like_plain_keras(pattern, route, tmp_path):
     key = loss_key(expected)
     np.testing.assert_allclose(history[key], expected[key], rtol=1e-5)
     if route == "strategy":
+        check_a_second_fit_keeps_the_plan(pattern, model, door)
         check_evaluate_predict_save_load(pattern, model, tmp_path)
+
+
+def check_a_second_fit_keeps_the_plan(pattern: Pattern, model, door):
+    plan = door.plan
+    args, kwargs = fit_arguments(pattern)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(*args, epochs=1, verbose=0, shuffle=False, **kwargs)
+    assert not [w for w in caught if str(w.message).startswith("kerasflow:")]
+    assert door.plan is plan and door.plan_in_force  # not profiled again
 
 
 def check_evaluate_predict_save_load(pattern: Pattern, model, tmp_path):
@@ -108,6 +119,10 @@ def check_evaluate_predict_save_load(pattern: Pattern, model, tmp_path):
         path = tmp_path / "trained.keras"
         model.save(path)
         reloaded = keras.models.load_model(path)
+        np.testing.assert_allclose(_flat(reloaded.predict(x, verbose=0)), _flat(predictions), rtol=1e-5, atol=1e-6)
+        legacy = tmp_path / "trained.h5"  # Keras' legacy format keeps the model, not the optimizer
+        model.save(legacy)
+        reloaded = keras.models.load_model(legacy, compile=False)
         np.testing.assert_allclose(_flat(reloaded.predict(x, verbose=0)), _flat(predictions), rtol=1e-5, atol=1e-6)
 
 

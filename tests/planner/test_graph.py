@@ -147,5 +147,5 @@ def test_gzip_round_trip_is_byte_identical_and_bad_gzip_is_named(tmp_path):
     OpGraph.load(path).save(tmp_path / "again.json.gz")
     assert (tmp_path / "again.json.gz").read_bytes() == path.read_bytes()
     (tmp_path / "broken.json.gz").write_bytes(b"not gzip at all")
-    with pytest.raises(FileFormatError, match="Cannot read profile .*broken.json.gz"):
+    with pytest.raises(FileFormatError, match="broken.json.gz.* is not a valid gzip file"):
         OpGraph.load(tmp_path / "broken.json.gz")
