@@ -16,7 +16,7 @@ from kerasflow.planner.planning import TICK_TOCK_MODES, candidate_plans, plan as
 from kerasflow.planner.report import format_bytes, format_table
 from kerasflow.planner.hardware import DEVICE_SPECS
 
-__all__ = ["main", "comparison_rows", "label"]
+__all__ = ["main", "comparison_rows", "label", "with_estimates"]
 
 
 def _positive_int(text: str) -> int:
@@ -57,6 +57,35 @@ def _graph(args) -> OpGraph:
     if not args.profile:
         raise KerasflowError("Give a PROFILE.json, or --synthetic FAMILY to use a built-in graph.")
     return OpGraph.load(args.profile)
+
+
+def _graph_and_cluster(args) -> tuple[OpGraph, Cluster]:
+    """The graph and cluster of a command; device kinds the profile has no costs for get roofline
+    estimates from its FLOPs and bytes (a CPU profile planned for GPUs), and the output says so."""
+    graph = _graph(args)
+    cluster = Cluster.resolve(args.cluster)
+    return with_estimates(graph, cluster), cluster
+
+
+def with_estimates(graph: OpGraph, cluster: Cluster) -> OpGraph:
+    """``graph`` with roofline costs added for the cluster's device kinds it has no costs for.
+
+    Prints one line naming the estimated kinds; kinds without datasheet figures are left
+    alone (the planner's error then names them).
+
+    Example:
+        >>> graph = with_estimates(synthetic.chain_mlp(layers=2), Cluster.preset("4xV100-nvlink"))
+        >>> "V100" in graph.device_kinds()
+        True
+    """
+    from kerasflow.planner.costmodel import estimate_costs
+
+    missing = sorted(k for k in cluster.kinds() if k not in graph.device_kinds() and k in DEVICE_SPECS)
+    if not missing:
+        return graph
+    print(f"Costs for {', '.join(missing)} are estimated from the profile's FLOPs and bytes (roofline, datasheet "
+          "figures): the profile has no measured costs for them.")
+    return estimate_costs(graph, missing)
 
 
 _LABELS = {
@@ -109,8 +138,7 @@ def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None, 
 
 def _compare(args) -> int:
     _check_outputs(args, "trace")
-    graph = _graph(args)
-    cluster = Cluster.resolve(args.cluster)
+    graph, cluster = _graph_and_cluster(args)
     batch = args.batch_size or graph.batch_size
     rows = comparison_rows(graph, cluster, batch)
     single = next((r["step_time"] for r in rows if r["name"] == "single device"), None)
@@ -157,8 +185,7 @@ def _largest_batches(graph: OpGraph, cluster: Cluster) -> dict[str, str]:
 
 def _simulate(args) -> int:
     _check_outputs(args, "trace")
-    graph = _graph(args)
-    cluster = Cluster.resolve(args.cluster)
+    graph, cluster = _graph_and_cluster(args)
     plan = Plan.load(args.plan)
     result = simulate(graph, cluster, plan, batch=args.batch_size)
     print(f"Predicted step time: {result.makespan * 1e3:.3f} ms")
@@ -173,8 +200,7 @@ def _simulate(args) -> int:
 
 def _plan(args) -> int:
     _check_outputs(args, "output", "trace")
-    graph = _graph(args)
-    cluster = Cluster.resolve(args.cluster)
+    graph, cluster = _graph_and_cluster(args)
     best = make_plan(graph, cluster, batch_size=args.batch_size, split=not args.no_split, tick_tock=args.tick_tock,
                      memory_limit=args.memory_limit)
     best.save(args.output)
@@ -193,8 +219,12 @@ def _show(args) -> int:
     if (graph is None) != (cluster is None):
         raise KerasflowError("Give both --profile and --cluster to show busy shares, or neither.")
     if graph is not None:
+        graph = with_estimates(graph, cluster)
         plan.validate(graph, cluster)
     plan.summary(graph, cluster)
+    if graph is None:
+        print("Checked: the file itself. Not checked without --profile and --cluster: that its ops, layers and "
+              "devices exist and that its order follows the data flow.")
     return 0
 
 

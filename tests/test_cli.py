@@ -142,3 +142,23 @@ def test_show_and_plan_reject_malformed_files(tmp_path, capsys):
     profile.write_text('{"format_version": 7}')
     assert main(["plan", str(profile), "--cluster", "2xK80-pcie", "-o", str(tmp_path / "p.json")]) == 2
     assert "format_version 7" in capsys.readouterr().err
+
+
+def test_the_command_chain_from_a_saved_model_to_a_gpu_plan(tmp_path, capsys):
+    # Tutorial 3's shell route: profile on this CPU, then compare, plan, show and simulate for
+    # GPUs the profile has no measured costs for (estimated from its FLOPs and bytes).
+    import keras
+
+    from tests.profiling import models
+
+    models.mlp(keras, dropout=False).save(tmp_path / "model.keras")
+    profile, plan_file = str(tmp_path / "profile.json"), str(tmp_path / "plan.json")
+    assert main(["profile", str(tmp_path / "model.keras"), "--batch-size", "16", "--steps", "1", "-o", profile]) == 0
+    assert main(["compare", profile, "--cluster", "4xV100-nvlink"]) == 0
+    assert "Costs for V100 are estimated from the profile's FLOPs and bytes" in capsys.readouterr().out
+    assert main(["plan", profile, "--cluster", "4xV100-nvlink", "-o", plan_file]) == 0
+    assert main(["show", plan_file]) == 0
+    assert "Not checked without --profile and --cluster" in capsys.readouterr().out
+    assert main(["show", plan_file, "--profile", profile, "--cluster", "4xV100-nvlink"]) == 0
+    assert main(["simulate", profile, "--plan", plan_file, "--cluster", "4xV100-nvlink"]) == 0
+    assert "Predicted step time" in capsys.readouterr().out

@@ -42,6 +42,19 @@ def check_header(data: Any, kind: str, version: int) -> None:
         )
 
 
+def check_fields(data: Mapping, known: set, kind: str) -> None:
+    """Rejects top-level fields a ``kind`` file does not have (kerasflow's policy: an unknown
+    field is a typo or a newer file, never silently dropped).
+
+    Raises:
+        FileFormatError: naming the unknown fields and the known ones.
+    """
+    unknown = sorted(str(key) for key in set(data) - set(known) - {"format_version", "kind"})
+    if unknown:
+        raise FileFormatError(f"unknown {kind} field(s) {unknown}; known fields are {sorted(known)}. "
+                              "Remove them, or read the file with the kerasflow version that wrote it.")
+
+
 def encode(data: Mapping, path: str | os.PathLike) -> bytes:
     """Deterministic, indented JSON (byte-identical for equal data), gzip-compressed for ``.gz``."""
     payload = (json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")

@@ -342,6 +342,7 @@ class Cluster:
     def from_dict(cls, data: Any) -> "Cluster":
         """Builds a cluster from ``to_dict`` data, validating everything."""
         _jsonio.check_header(data, _CLUSTER_KIND, CLUSTER_FORMAT_VERSION)
+        _jsonio.check_fields(data, {"name", "devices", "links", "default_link"}, "cluster")
         devices_data = data.get("devices")
         if not isinstance(devices_data, list):
             raise InvalidClusterError("field 'devices' must be a list of device objects.")

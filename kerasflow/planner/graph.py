@@ -571,6 +571,7 @@ class OpGraph:
             FileFormatError: wrong kind or version.
         """
         _jsonio.check_header(data, _GRAPH_KIND, GRAPH_FORMAT_VERSION)
+        _jsonio.check_fields(data, {"ops", "edges", "batch_size", "name", "metadata"}, "profile")
         for field in ("ops", "edges"):
             if not isinstance(data.get(field), list):
                 raise InvalidGraphError(f"field {field!r} must be a list.")

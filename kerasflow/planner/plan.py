@@ -187,23 +187,29 @@ class Plan:
             value = getattr(self, field)
             if not isinstance(value, Mapping):
                 raise InvalidPlanError(f"Plan field {field!r} must be a mapping; received {value!r}.")
+        bad = next(((op, device) for op, device in self.placement.items()
+                    if not isinstance(op, str) or not isinstance(device, str)), None)
+        if bad is not None:
+            raise InvalidPlanError(f"placement[{bad[0]!r}] must name a device (a string); received {bad[1]!r:.80}.")
         object.__setattr__(self, "placement", _Frozen(self.placement))
         orders = {}
         for device, names in self.order.items():
-            if isinstance(names, str) or not isinstance(names, Sequence):
-                raise InvalidPlanError(f"order[{device!r}] must be a list of task names; received {names!r}.")
+            if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+                raise InvalidPlanError(f"order[{device!r}] must be a list of task names; received {names!r:.80}.")
             orders[device] = tuple(names)
         object.__setattr__(self, "order", _Frozen(orders))
         splits = {}
         for layer, shards in self.splits.items():
+            if isinstance(shards, (str, Mapping)) or not isinstance(shards, Sequence):
+                raise InvalidPlanError(f"splits[{layer!r}] must be a list of shards; received {shards!r:.80}.")
             built = []
             for shard in shards:
                 if isinstance(shard, Mapping):
                     shard = Shard(shard.get("device"), shard.get("fraction"))
                 elif isinstance(shard, (list, tuple)) and len(shard) == 2:
                     shard = Shard(*shard)
-                if not isinstance(shard, Shard):
-                    raise InvalidPlanError(f"splits[{layer!r}] holds {shard!r}; expected Shard(device, fraction).")
+                if not isinstance(shard, Shard) or not isinstance(shard.device, str):
+                    raise InvalidPlanError(f"splits[{layer!r}] holds {shard!r:.80}; expected Shard(device, fraction).")
                 if isinstance(shard.fraction, bool) or not isinstance(shard.fraction, (int, float)) or not shard.fraction > 0:
                     raise InvalidPlanError(
                         f"splits[{layer!r}]: every shard needs a fraction > 0; received {shard.fraction!r}.")
