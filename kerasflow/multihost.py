@@ -97,8 +97,15 @@ def task_addresses(resolver) -> list[tuple[str, int, str]]:
     return tasks
 
 
+# An HTTP/2 client's connection preface and an empty SETTINGS frame: a gRPC server (TensorFlow's)
+# answers with a SETTINGS frame of its own. A task that accepts TCP but is stopped, hung, or not
+# TensorFlow at all answers nothing, or something else.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_SETTINGS_FRAME_TYPE = 0x04
+
+
 def _reachable(address: str, deadline: float) -> str | None:
-    """None once ``address`` accepts a TCP connection before ``deadline``; else the last error."""
+    """None once ``address`` answers as a gRPC server before ``deadline``; else the last error."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     if not host or not port.isdigit():
@@ -109,18 +116,43 @@ def _reachable(address: str, deadline: float) -> str | None:
         if left <= 0:
             return error
         try:
-            with socket.create_connection((host, int(port)), timeout=min(left, 2.0)):
-                return None
+            with socket.create_connection((host, int(port)), timeout=min(left, 2.0)) as connection:
+                error = _speaks_grpc(connection, deadline)
+                if error is None:
+                    return None
         except OSError as failure:
             error = str(failure) or type(failure).__name__
-            time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+        time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+
+
+def _speaks_grpc(connection: socket.socket, deadline: float) -> str | None:
+    """None when the peer answers the HTTP/2 preface with a SETTINGS frame before ``deadline``."""
+    try:
+        connection.settimeout(max(deadline - time.monotonic(), 0.01))
+        connection.sendall(_HTTP2_PREFACE)
+        header = b""
+        while len(header) < 9:
+            connection.settimeout(max(deadline - time.monotonic(), 0.01))
+            chunk = connection.recv(9 - len(header))
+            if not chunk:
+                return "it accepted the connection, then closed it without answering as TensorFlow does"
+            header += chunk
+    except socket.timeout:
+        return "it accepts connections but does not answer (a stopped or hung process, or not TensorFlow)"
+    except OSError as failure:
+        return str(failure) or type(failure).__name__
+    if header[3] != _SETTINGS_FRAME_TYPE:
+        return "it answered, but not as a TensorFlow (gRPC) server: is another program on that port?"
+    return None
 
 
 def wait_for_tasks(resolver, timeout: float = DEFAULT_CONNECT_TIMEOUT) -> None:
-    """Waits until every other task of the cluster accepts connections, at most ``timeout`` seconds.
+    """Waits until every other task of the cluster answers as a TensorFlow (gRPC) server, at most
+    ``timeout`` seconds.
 
-    TensorFlow itself retries an unreachable task for a long time; this check gives up at
-    the deadline and says which task, where, and what to check.
+    TensorFlow itself retries an unreachable task for a long time, and waits forever on one
+    that accepts connections but does not answer (a stopped process, another program on the
+    port); this check gives up at the deadline and says which task, where, and what to check.
 
     Raises:
         ClusterConnectionError: a task did not answer in time.
@@ -182,15 +214,49 @@ def connect(cluster_resolver=None, *, timeout: float = DEFAULT_CONNECT_TIMEOUT) 
 
     local = _local_task(resolver)
     job, index = local if local is not None else ("localhost", 0)
-    try:
+
+    def connect_and_list() -> list[str]:
         tf.config.experimental_connect_to_cluster(resolver.cluster_spec(), job_name=job, task_index=index,
                                                   protocol=getattr(resolver, "rpc_layer", None) or "grpc")
+        return _cluster_devices(f"/job:{job}/replica:0/task:{index}")
+
+    try:
+        # TensorFlow's own calls have no deadline: a task that stops answering after the check
+        # above would hang them, so they run in a thread this process stops waiting for.
+        return _within(connect_and_list, max(timeout, 1.0))
+    except TimeoutError:
+        raise ClusterConnectionError(
+            f"TensorFlow did not finish connecting to the cluster {resolver.cluster_spec().as_dict()} within "
+            f"{max(timeout, 1.0):g} s: a task answers but does not serve. Restart `python -m kerasflow.worker` on "
+            "the tasks, or raise connect_timeout. (This process's TensorFlow context is now unusable: restart it.)"
+        ) from None
     except (ValueError, RuntimeError, tf.errors.OpError) as error:
         raise ClusterConnectionError(
             f"TensorFlow could not connect to the cluster {resolver.cluster_spec().as_dict()} as {job}:{index}: "
             f"{str(error).splitlines()[0]}. Check that every task runs `python -m kerasflow.worker` with this "
             "TF_CONFIG, and connect before building any model.") from None
-    return _cluster_devices(f"/job:{job}/replica:0/task:{index}")
+
+
+def _within(function, seconds: float):
+    """``function()``'s result, or ``TimeoutError`` once ``seconds`` pass (it is then left running)."""
+    import threading
+
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = function()
+        except BaseException as error:  # noqa: BLE001 - handed back to the caller's thread
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, name="kerasflow-connect", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise TimeoutError
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _cluster_devices(local_task: str) -> list[str]:

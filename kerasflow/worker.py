@@ -6,8 +6,13 @@ this host's own ``task``::
     TF_CONFIG='{"cluster": {"worker": ["10.0.0.2:2222", "10.0.0.3:2222"]},
                 "task": {"type": "worker", "index": 0}}' python -m kerasflow.worker
 
-It starts a ``tf.distribute.Server`` for that task and blocks (``join``) until it is stopped
-(Ctrl-C or SIGTERM). The chief then runs ``FastTStrategy(cluster_resolver=...)`` and ``fit``.
+It starts a ``tf.distribute.Server`` for that task and serves until it is stopped (Ctrl-C or
+SIGTERM, within a fraction of a second).
+
+TensorFlow's gRPC runtime has no authentication, and its server listens on every network
+interface whatever address ``TF_CONFIG`` names (TensorFlow offers no bind address): anyone who
+can reach the port can run ops on this host, read and write its files. Run workers only on a
+private network, with a firewall that lets only the cluster's hosts reach the port. The chief then runs ``FastTStrategy(cluster_resolver=...)`` and ``fit``.
 ``--virtual-cpus N`` splits the host CPU into N logical devices (to try it on one machine).
 """
 
@@ -26,7 +31,7 @@ import threading
 import time
 from typing import Iterator
 
-__all__ = ["main", "server_for", "free_ports", "local_cluster"]
+__all__ = ["main", "server_for", "free_ports", "local_cluster", "serve_until_stopped"]
 
 
 def server_for(config: str | dict, *, cpus: int | None = None, start: bool = True):
@@ -168,14 +173,24 @@ def main(argv: list[str] | None = None) -> int:
     except KerasflowError as error:
         print(f"kerasflow.worker: {error}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     task = config["task"]
     print(f"kerasflow.worker: {task['type']}:{task.get('index', 0)} serving on {server.target}", flush=True)
-    try:
-        server.join()
-    except KeyboardInterrupt:
-        pass
+    serve_until_stopped()
+    print("kerasflow.worker: stopped", flush=True)
     return 0
+
+
+def serve_until_stopped(poll_seconds: float = 0.2) -> None:
+    """Blocks until SIGTERM or Ctrl-C (SIGINT) arrives; the server stops with the process.
+
+    ``tf.distribute.Server.join()`` blocks in native code, where Python's signal handlers never
+    run, so this waits in Python instead.
+    """
+    stop = threading.Event()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: stop.set())
+    while not stop.wait(poll_seconds):
+        pass
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ TensorFlow's context for the rest of a process.
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -86,3 +89,73 @@ def test_a_bad_tf_config_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", '{"task": {}}')
     with pytest.raises(ClusterConnectionError, match="no 'cluster' mapping"):
         kerasflow.FastTStrategy()
+
+
+def start_worker(cluster, index=0):
+    process = subprocess.Popen([sys.executable, "-m", "kerasflow.worker"], cwd=ROOT,
+                               env=environment(TF_CONFIG=tf_config(cluster, "worker", index)),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:
+        if "serving on" in line:
+            return process
+    raise AssertionError(f"the worker did not start (exit {process.wait()})")
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_the_worker_stops_on_sigterm_and_ctrl_c_within_seconds(stop):
+    worker = start_worker({"worker": [f"127.0.0.1:{free_ports(1)[0]}"]})
+    try:
+        started = time.monotonic()
+        worker.send_signal(stop)
+        assert worker.wait(timeout=10) == 0
+        assert time.monotonic() - started < 5
+        assert "kerasflow.worker: stopped" in worker.stdout.read()
+    finally:
+        worker.kill()
+
+
+def test_a_stopped_worker_is_named_within_the_timeout():
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    worker = start_worker({"worker": [address]})
+    try:
+        worker.send_signal(signal.SIGSTOP)  # alive, accepting TCP in the kernel, answering nothing
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec({"worker": [address]}))
+        started = time.monotonic()
+        with pytest.raises(ClusterConnectionError, match=rf"task worker:0 at {address} \(it accepts connections but "
+                                                         "does not answer"):
+            kerasflow.FastTStrategy(cluster_resolver=resolver, connect_timeout=2)
+        assert time.monotonic() - started < 10
+    finally:
+        worker.send_signal(signal.SIGCONT)
+        worker.kill()
+        worker.wait()
+
+
+@pytest.mark.parametrize("reply, message", [(b"", "does not answer"),
+                                            (b"SSH-2.0-OpenSSH_9.6\r\n", "not as a TensorFlow")])
+def test_a_port_that_is_not_tensorflow_is_named_within_the_timeout(reply, message):
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    connections = []
+
+    def serve():
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            connections.append(connection)
+            if reply:
+                connection.sendall(reply)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec({"worker": [address]}))
+        started = time.monotonic()
+        with pytest.raises(ClusterConnectionError, match=message):
+            kerasflow.FastTStrategy(cluster_resolver=resolver, connect_timeout=2)
+        assert time.monotonic() - started < 10
+    finally:
+        listener.close()
+        for connection in connections:
+            connection.close()
