@@ -104,6 +104,13 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         from kerasflow import multihost
         from kerasflow.devices import default_devices
 
+        settings = dict(warmup_steps=warmup_steps, profile_steps=profile_steps, split=split, tick_tock=tick_tock,
+                        memory_limit=memory_limit, log_dir=log_dir, verbose=verbose, on_mismatch=on_mismatch)
+        Options.build([], **settings)  # every setting checked before anything connects
+        if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)) or not (
+                0 < connect_timeout < float("inf")):
+            raise KerasflowError(f"connect_timeout must be a positive number of seconds. Received: "
+                                 f"connect_timeout={connect_timeout!r}")
         resolver = cluster_resolver if cluster_resolver is not None else multihost.resolver_from_environment()
         if resolver is not None:
             cluster_devices = multihost.connect(resolver, timeout=connect_timeout)
@@ -134,10 +141,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             if unknown:
                 raise KerasflowError(f"The plan uses device(s) {unknown} that this strategy does not have "
                                      f"({devices}). Replan for these devices.")
-        self._options = Options.build(devices, cluster=cluster, plan=plan, warmup_steps=warmup_steps,
-                                      profile_steps=profile_steps, split=split, tick_tock=tick_tock,
-                                      memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
-                                      on_mismatch=on_mismatch)
+        self._options = Options.build(devices, cluster=cluster, plan=plan, **settings)
         if len(devices) == 1:
             import warnings
 

@@ -157,6 +157,11 @@ def test_bad_settings_are_refused_when_the_door_is_made(name, value, match):
         kerasflow.callbacks.FastT(**{name: value})
 
 
+def test_a_bad_connect_timeout_is_refused_before_connecting():
+    with pytest.raises(KerasflowError, match="connect_timeout must be a positive number"):
+        kerasflow.FastTStrategy(connect_timeout=-1)
+
+
 def test_a_bad_environment_setting_names_the_variable(monkeypatch):
     monkeypatch.setenv("KERASFLOW_TICK_TOCK", "sometimes")
     with pytest.raises(KerasflowError, match="KERASFLOW_TICK_TOCK must be one of"):
