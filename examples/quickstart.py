@@ -2,13 +2,15 @@
 
 Uses every GPU when there are some, else splits the CPU into 4 logical devices. The script
 first trains the model for a few steps as plain Keras does (the default placement, no
-profiler), then with FastTStrategy: inside that one `fit` call kerasflow warms up,
-profiles the step, plans it, rebuilds it and keeps training. It prints the plan, whether
-it is in force, the one-time cost and both measured step times side by side.
+profiler) and under tf.distribute.MirroredStrategy on the same devices, then with
+FastTStrategy: inside that one `fit` call kerasflow warms up, profiles the step, plans it,
+rebuilds it and keeps training. It prints the plan, whether it is in force, the one-time
+cost and the three measured step times side by side.
 
     python examples/quickstart.py
 """
 
+import contextlib
 import os
 import time
 
@@ -58,18 +60,25 @@ class StepTimes(keras.callbacks.Callback):
         return np.diff(self.ends)
 
 
+def baseline_step(distribution, x, y) -> float:
+    """Median step time of 15 steps of the model trained without kerasflow (steps 0-2 trace and warm up)."""
+    clock = StepTimes()
+    with distribution.scope() if distribution is not None else contextlib.nullcontext():
+        model = compiled(inception_like())
+    model.fit(x[:BATCH * 15], y[:BATCH * 15], batch_size=BATCH, epochs=1, callbacks=[clock], verbose=2)
+    return float(np.median(clock.steps()[3:]))
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     x = rng.random((BATCH * STEPS, 32, 32, 3), dtype=np.float32)
     y = rng.integers(0, 10, BATCH * STEPS)
 
     print("Default placement (plain Keras, no profiler):")
-    default_clock = StepTimes()
-    compiled(inception_like()).fit(x[:BATCH * 15], y[:BATCH * 15], batch_size=BATCH, epochs=1,
-                                   callbacks=[default_clock], verbose=2)
-    default_step = float(np.median(default_clock.steps()[3:]))  # steps 0-2 trace and warm up
-
+    default_step = baseline_step(None, x, y)
     strategy = kerasflow.FastTStrategy(log_dir="kerasflow_logs")
+    print(f"\nMirroredStrategy on {strategy.devices}:")
+    mirrored_step = baseline_step(tf.distribute.MirroredStrategy(strategy.devices), x, y)
     print(f"\nFastTStrategy on {strategy.devices}:")
     with strategy.scope():
         model = compiled(inception_like())
@@ -92,8 +101,9 @@ def main() -> None:
     first_planned = options.warmup_steps + options.profile_steps
     planned_step = float(np.median(clock.steps()[first_planned + 2:]))  # the first planned step retraces
     print(f"One-time cost (profile, plan, rebuild): {strategy.report['plan_seconds']:.1f} s")
-    print(f"Measured step time: {default_step * 1e3:.1f} ms on the default placement, {planned_step * 1e3:.1f} ms "
-          f"with the plan ({default_step / planned_step:.2f}x)")
+    print(f"Measured step time: {default_step * 1e3:.1f} ms on the default placement, {mirrored_step * 1e3:.1f} ms "
+          f"with MirroredStrategy, {planned_step * 1e3:.1f} ms with the plan ({default_step / planned_step:.2f}x the "
+          f"default placement, {mirrored_step / planned_step:.2f}x MirroredStrategy)")
     print("Plan, profile and timeline written to kerasflow_logs/ (open timeline.json in chrome://tracing).")
 
 

@@ -75,7 +75,7 @@ def mutated(draw, kind):
     return text[:position] + bytes([draw(st.integers(0, 255))]) + text[position + 1:]
 
 
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "30")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.mark.parametrize("kind", sorted(VALID))

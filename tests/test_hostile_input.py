@@ -26,22 +26,22 @@ def files(tmp_path):
     return tmp_path
 
 
-def _profile_with(mutate):
+def _valid_file_with(source, mutate):
+    """Writes ``source`` (a valid fixture) with one change, as ``bad_<source>``."""
     def write(folder):
-        data = json.loads((folder / "profile.json").read_text())
+        data = json.loads((folder / source).read_text())
         mutate(data)
-        (folder / "bad.json").write_text(json.dumps(data))
-        return "bad.json"
+        (folder / f"bad_{source}").write_text(json.dumps(data))
+        return f"bad_{source}"
     return write
+
+
+def _profile_with(mutate):
+    return _valid_file_with("profile.json", mutate)
 
 
 def _plan_with(mutate):
-    def write(folder):
-        data = json.loads((folder / "plan.json").read_text())
-        mutate(data)
-        (folder / "bad_plan.json").write_text(json.dumps(data))
-        return "bad_plan.json"
-    return write
+    return _valid_file_with("plan.json", mutate)
 
 
 def _set_op(field, value):
