@@ -70,14 +70,17 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         split: let the planner split layers across devices.
         tick_tock: ``"auto"``, ``"on"`` or ``"off"`` (see ``kerasflow.plan``).
         memory_limit: a cap in bytes for every device.
-        log_dir: where to write ``plan.json``, ``profile.json`` and ``timeline.json``.
-        verbose: ``"auto"``/1 prints one report line after planning; 0 prints nothing.
+        log_dir: where to write ``plan.json``, ``profile.json`` and ``timeline.json`` (and
+            TensorBoard scalars, when TensorBoard is installed).
+        verbose: ``"auto"`` follows ``fit(verbose=...)``; 1 or 2 print a line per phase (warm-up,
+            profiling, planning, rebuilding) and the plan's report line; 0 prints nothing, not
+            even the TensorFlow profiler's log lines.
         on_mismatch: ``"error"`` or ``"replan"`` for a ``plan=`` that does not fit the model.
         cluster_resolver: several machines: a ``tf.distribute.cluster_resolver.ClusterResolver``
             (default: ``TFConfigClusterResolver`` when ``TF_CONFIG`` is set). The strategy
             connects to the cluster (every other task runs ``python -m kerasflow.worker``),
             plans over the devices of every task (this process's first: it profiles) and
-            builds the two-level cluster. See docs/tutorials/05-several-machines.md.
+            builds the two-level cluster. See docs/tutorials/05-train-across-several-machines.md.
         inter_host_link: the network between hosts for the planner: a ``Link`` or
             ``(latency s, bytes/s)``, or ``"measure"`` (timed copies, the default).
         connect_timeout: seconds to wait for every task to answer before
