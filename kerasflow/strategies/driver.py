@@ -191,7 +191,7 @@ class Driver:
                 stage = "applying the given plan"
                 self._verify_given_plan()
             elif self.plan is None and self.step == self._window()[1]:
-                self._plan_andrebuild()
+                self._plan_and_rebuild()
             elif self.state == "planned" and self._measured is not None:
                 stage = "writing TensorBoard scalars"
                 self._measure_planned_step()
@@ -228,7 +228,7 @@ class Driver:
 
         return tf.nest.map_structure(zeros, self.spec)
 
-    def _plan_andrebuild(self) -> None:
+    def _plan_and_rebuild(self) -> None:
         started = time.perf_counter()
         times = self._profiler.stop()
         self._profiler = None
