@@ -13,15 +13,18 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
+import threading
 import time
-from typing import Sequence
+import warnings
+from typing import Any, Sequence
 
 from kerasflow.planner.cluster import SAME_PROCESS, Cluster, Device, Link
 from kerasflow.planner.errors import ClusterConnectionError, KerasflowError
 from kerasflow.planner.hardware import DEVICE_SPECS
 
-__all__ = ["parse_tf_config", "resolver_from_environment", "task_addresses", "wait_for_tasks", "connect",
-           "task_of", "device_type", "multihost_cluster"]
+__all__ = ["parse_tf_config", "resolver_from_environment", "task_addresses", "other_tasks", "wait_for_tasks", "connect",
+           "task_of", "run_within", "exposure_warning", "TaskWatch", "device_type", "multihost_cluster"]
 
 DEFAULT_CONNECT_TIMEOUT = 30.0
 
@@ -97,6 +100,12 @@ def task_addresses(resolver) -> list[tuple[str, int, str]]:
     return tasks
 
 
+def other_tasks(resolver) -> list[tuple[str, int, str]]:
+    """``task_addresses`` without the task this process serves."""
+    local = _local_task(resolver)
+    return [(job, index, address) for job, index, address in task_addresses(resolver) if (job, index) != local]
+
+
 # An HTTP/2 client's connection preface and an empty SETTINGS frame: a gRPC server (TensorFlow's)
 # answers with a SETTINGS frame of its own. A task that accepts TCP but is stopped, hung, or not
 # TensorFlow at all answers nothing, or something else.
@@ -164,12 +173,9 @@ def wait_for_tasks(resolver, timeout: float = DEFAULT_CONNECT_TIMEOUT) -> None:
         Traceback (most recent call last):
         ClusterConnectionError: Task worker:0 at 127.0.0.1:1 did not answer within 1 s ...
     """
-    local = _local_task(resolver)
     deadline = time.monotonic() + timeout
     missing = []
-    for job, index, address in task_addresses(resolver):
-        if (job, index) == local:
-            continue
+    for job, index, address in other_tasks(resolver):
         error = _reachable(address, deadline)
         if error is not None:
             missing.append((job, index, address, error))
@@ -223,7 +229,7 @@ def connect(cluster_resolver=None, *, timeout: float = DEFAULT_CONNECT_TIMEOUT) 
     try:
         # TensorFlow's own calls have no deadline: a task that stops answering after the check
         # above would hang them, so they run in a thread this process stops waiting for.
-        return _within(connect_and_list, max(timeout, 1.0))
+        devices = run_within(connect_and_list, max(timeout, 1.0))
     except TimeoutError:
         raise ClusterConnectionError(
             f"TensorFlow did not finish connecting to the cluster {resolver.cluster_spec().as_dict()} within "
@@ -235,10 +241,115 @@ def connect(cluster_resolver=None, *, timeout: float = DEFAULT_CONNECT_TIMEOUT) 
             f"TensorFlow could not connect to the cluster {resolver.cluster_spec().as_dict()} as {job}:{index}: "
             f"{str(error).splitlines()[0]}. Check that every task runs `python -m kerasflow.worker` with this "
             "TF_CONFIG, and connect before building any model.") from None
+    if local is not None:  # this process now serves its task too
+        warnings.warn(f"kerasflow: {exposure_warning(resolver.cluster_spec().task_address(job, index))}",
+                      RuntimeWarning, stacklevel=3)
+    return devices
 
 
-def _within(function, seconds: float):
-    """``function()``'s result, or ``TimeoutError`` once ``seconds`` pass (it is then left running)."""
+class TaskWatch:
+    """Ends this process with one line saying why when TensorFlow waits on a task that is gone.
+
+    TensorFlow's remote calls have no deadline: when a worker dies between two steps, the
+    chief's next call (Keras' epoch iterator syncs every task's executor) waits for it forever.
+    A daemon thread checks every other task every ``period`` seconds (it must answer as a gRPC
+    server). When one has not answered for ``patience`` seconds while this process's main
+    thread has stayed in one TensorFlow call all that time, the watch prints which task and
+    what to do, and exits the process with ``EXIT_CODE``. A task gone while the main thread
+    does anything else (training over, workers shut down) changes nothing.
+
+    Args:
+        tasks: the other tasks, as ``(job, index, "host:port")``.
+        patience: seconds a task may stay silent during a stuck call (``connect_timeout``).
+        period: seconds between checks (default: ``patience / 3``, at most 5).
+        exit: what ends the process (``os._exit``; tests pass their own).
+
+    Example:
+        >>> watch = TaskWatch([("worker", 0, "10.0.0.2:2222")], patience=30).start()  # doctest: +SKIP
+    """
+
+    EXIT_CODE = 75  # EX_TEMPFAIL: restart the task, then resume from a checkpoint
+
+    def __init__(self, tasks: Sequence[tuple[str, int, str]], patience: float, period: float | None = None,
+                 exit: Any = os._exit):
+        self.tasks, self.patience = list(tasks), float(patience)
+        self.period = period if period is not None else min(5.0, self.patience / 3)
+        self._exit = exit
+        self._silent_since: dict[str, float] = {}
+        self._call, self._call_since = None, 0.0
+        self._main = threading.main_thread().ident
+        self._stopped = threading.Event()
+
+    def start(self) -> "TaskWatch":
+        """Starts checking in a daemon thread; returns the watch."""
+        threading.Thread(target=self._run, name="kerasflow-task-watch", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Stops checking (within one period)."""
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.period):
+            self.check(time.monotonic())
+
+    def check(self, now: float) -> str | None:
+        """One round of checks; the message it exits with, or None."""
+        stuck_since = self._main_call_since(now)
+        stuck_for = now - stuck_since if stuck_since is not None else None
+        for job, index, address in self.tasks:
+            problem = _reachable(address, time.monotonic() + min(max(self.period, 0.5), 2.0))
+            if problem is None:
+                self._silent_since.pop(address, None)
+                continue
+            silent_for = now - self._silent_since.setdefault(address, now)
+            if stuck_for is not None and silent_for >= self.patience and stuck_for >= self.patience:
+                message = (f"kerasflow: task {job}:{index} at {address} stopped answering {silent_for:.0f} s ago "
+                           f"({problem}), and TensorFlow has waited for it ever since without a deadline. This "
+                           f"process exits (code {self.EXIT_CODE}) rather than hang: restart `python -m "
+                           "kerasflow.worker` on that host and resume from your last checkpoint "
+                           "(keras.callbacks.BackupAndRestore or ModelCheckpoint).")
+                sys.stdout.flush()
+                print(message, file=sys.stderr, flush=True)
+                self._exit(self.EXIT_CODE)
+                return message
+        return None
+
+    def _main_call_since(self, now: float) -> float | None:
+        """Since when the main thread has been in the same TensorFlow call (None: it is not in one)."""
+        frame = sys._current_frames().get(self._main)
+        call = (id(frame.f_code), frame.f_lasti, id(frame)) if frame is not None and (
+            f"{os.sep}tensorflow{os.sep}" in frame.f_code.co_filename) else None
+        if call != self._call:
+            self._call, self._call_since = call, now
+        return self._call_since if call is not None else None
+
+
+def exposure_warning(target: str) -> str:
+    """What a TensorFlow server kerasflow starts exposes, for the warning it prints.
+
+    TensorFlow's gRPC server binds the wildcard address (``GrpcServer::Init`` listens on
+    ``0.0.0.0:PORT`` whatever the cluster spec names; ``ServerDef`` has no address field), so
+    kerasflow cannot narrow it: it says so each time it starts one.
+
+    Example:
+        >>> exposure_warning("grpc://127.0.0.1:2222").split(", whatever")[0]
+        "TensorFlow's gRPC server listens on every network interface (port 2222)"
+    """
+    port = target.rsplit(":", 1)[-1]
+    return (f"TensorFlow's gRPC server listens on every network interface (port {port}), whatever address "
+            "TF_CONFIG names, and has no authentication: anyone who can reach the port can run code on this "
+            "host. Keep it reachable only from the cluster's hosts (a private network or a firewall rule).")
+
+
+def run_within(function, seconds: float):
+    """``function()``'s result, or ``TimeoutError`` once ``seconds`` pass (it is then left running
+    in a daemon thread: TensorFlow's remote calls cannot be cancelled).
+
+    Example:
+        >>> run_within(lambda: 6 * 7, 1.0)
+        42
+    """
     import threading
 
     outcome: dict = {}

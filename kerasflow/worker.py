@@ -34,6 +34,7 @@ from typing import Iterator
 __all__ = ["main", "server_for", "free_ports", "local_cluster", "serve_until_stopped"]
 
 
+
 def server_for(config: str | dict, *, cpus: int | None = None, start: bool = True):
     """A ``tf.distribute.Server`` for the task ``config`` (TF_CONFIG's content) names.
 
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from kerasflow.multihost import parse_tf_config
+    from kerasflow.multihost import exposure_warning, parse_tf_config
     from kerasflow.planner.errors import KerasflowError
 
     try:
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kerasflow.worker: {error}", file=sys.stderr)
         return 2
     task = config["task"]
+    print(f"kerasflow.worker: warning: {exposure_warning(server.target)}", file=sys.stderr, flush=True)
     print(f"kerasflow.worker: {task['type']}:{task.get('index', 0)} serving on {server.target}", flush=True)
     serve_until_stopped()
     print("kerasflow.worker: stopped", flush=True)

@@ -24,6 +24,7 @@ and applied from step 1.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Callable
 
@@ -31,8 +32,9 @@ import numpy as np
 import tensorflow as tf
 
 from kerasflow import _compat
+from kerasflow.multihost import run_within
 from kerasflow.planner import Cluster, OpGraph, Plan, plan as make_plan
-from kerasflow.planner.errors import InvalidPlanError, KerasflowError
+from kerasflow.planner.errors import ClusterConnectionError, InvalidPlanError, KerasflowError
 from kerasflow.profiling.capture import capture_step
 from kerasflow.profiling.profiler import build_graph, profile_training_step, restore_variables, snapshot_variables
 from kerasflow.profiling.xplane import StepProfiler
@@ -321,14 +323,15 @@ class Driver:
 
         def guarded(iterator):
             if driver.state != "planned":
-                return driver.model.train_function(iterator)
+                return driver.run_on_default(iterator)
             try:
                 return planned(iterator)
             except _NOT_OURS:
                 raise
             except Exception as error:  # noqa: BLE001 - never lose the user's training
                 applier = driver.applier
-                if applier is not None and applier.plan.order and not applier.skip_order:
+                lost_task = isinstance(error, tf.errors.UnavailableError)  # not the order's doing
+                if applier is not None and applier.plan.order and not applier.skip_order and not lost_task:
                     # First retreat: keep the placement, drop the per-device order.
                     applier.skip_order = True
                     driver.reporter.warn(f"kerasflow: the planned order could not run ({_describe(error)}); "
@@ -336,7 +339,7 @@ class Driver:
                     driver.rebuild()
                 else:
                     driver.fall_back("running the planned step", error)
-                return driver.model.train_function(iterator)
+                return driver.run_on_default(iterator)
 
         guarded._kerasflow_guarded = True
         object.__setattr__(self.model, "train_function", guarded)
@@ -394,15 +397,43 @@ class Driver:
                            f"placement{'' if planned else ', unchanged'}. {_FIX}")
         if self.model is None or self._original_step is None:
             return
+        self.applier = None
+        object.__setattr__(self.model, "train_step", self._original_step)
         try:
             if self._homes_before:
-                move_variables(self.model, self._homes_before, creating=self.creating)
-            self.applier = None
-            object.__setattr__(self.model, "train_step", self._original_step)
+                homes, creating = self._homes_before, self.creating
+                run_within(lambda: move_variables(self.model, homes, creating=creating), _MOVE_BACK_SECONDS)
+        except TimeoutError:
             self.model.make_train_function(force=True)
-        except Exception:  # noqa: BLE001 - the warning above already names the cause
-            pass
+            raise _state_lost(tf.errors.UnavailableError(
+                None, None, f"moving the variables back did not finish within {_MOVE_BACK_SECONDS} s")) from None
+        except Exception as lost:  # noqa: BLE001 - named in the error below
+            # The variables' values live only on their planned devices: without them there is
+            # no model to train, on any placement.
+            self.model.make_train_function(force=True)
+            raise _state_lost(lost) from None
+        self.model.make_train_function(force=True)
 
+    def run_on_default(self, iterator):
+        """One call of the default train function (after a fallback); a lost cluster task,
+        which takes the variables placed on it with it, is one clear error."""
+        try:
+            return self.default_train_function()(iterator)
+        except tf.errors.UnavailableError as error:
+            raise _state_lost(error) from None
+
+    def default_train_function(self) -> Callable:
+        """The train function on the default placement, built by Keras (after a fallback)."""
+        function = self.model.train_function
+        if getattr(function, "_kerasflow_guarded", False):
+            self.model.make_train_function(force=True)
+            function = self.model.train_function
+        return function
+
+
+# Moving a model's variables back from a cluster's tasks after a fallback: long enough for
+# gigabytes over a slow network, short enough that a silent task does not hang fit for good.
+_MOVE_BACK_SECONDS = 120
 
 _FIX = ("If this persists, report it with the model's code, or plan offline with kerasflow.profiling."
         "profile_model and kerasflow.plan and pass plan=.")
@@ -420,6 +451,23 @@ class _Swapped:
 
     def __exit__(self, *exc):
         object.__setattr__(self.model, "train_step", self.saved)
+
+
+def _state_lost(error: BaseException) -> KerasflowError:
+    """The error that ends ``fit`` when the model's variables are out of reach."""
+    text = str(error)
+    if not isinstance(error, tf.errors.UnavailableError):
+        return KerasflowError(
+            f"kerasflow: the model's variables could not be moved back to their default devices ({_describe(error)}),"
+            " so training cannot continue. Resume from your last checkpoint (keras.callbacks.BackupAndRestore or "
+            "ModelCheckpoint), and report this with the model's code.")
+    task = re.search(r"remote target (/job:[\w-]+/replica:\d+/task:\d+)", text)
+    address = re.search(r"ipv[46]:(\[[^\]]+\]:\d+|[\d.]+:\d+)", text)
+    where = (task.group(1) if task else "a task of the cluster") + (f" at {address.group(1)}" if address else "")
+    return ClusterConnectionError(
+        f"kerasflow: {where} stopped answering during fit ({_describe(error)}). The model's variables placed there "
+        "are lost with it, so training cannot continue on any placement: restart `python -m kerasflow.worker` on "
+        "that host and resume from your last checkpoint (keras.callbacks.BackupAndRestore or ModelCheckpoint).")
 
 
 def _describe(error: BaseException) -> str:

@@ -85,6 +85,10 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             ``(latency s, bytes/s)``, or ``"measure"`` (timed copies, the default).
         connect_timeout: seconds to wait for every task to answer before
             ``ClusterConnectionError`` (which task, which address, what to check).
+        on_lost_task: ``"exit"`` (the default) or ``"wait"``: what this process does when a
+            task stops answering for ``connect_timeout`` seconds while TensorFlow waits for it
+            (it has no deadline of its own). ``"exit"`` prints which task and what to do, and
+            exits with code 75 (``multihost.TaskWatch``); ``"wait"`` leaves TensorFlow waiting.
 
     Raises:
         KerasflowError: a device that does not exist, or bad options.
@@ -103,7 +107,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
                  split: bool | None = None, tick_tock: str | None = None, memory_limit: float | None = None,
                  log_dir: str | None = None, verbose: Any = None, on_mismatch: str = "error",
                  cluster_resolver: Any = None, inter_host_link: Any = "measure",
-                 connect_timeout: float = 30.0):
+                 connect_timeout: float = 30.0, on_lost_task: str = "exit"):
         from kerasflow import multihost
         from kerasflow.devices import default_devices
 
@@ -114,9 +118,13 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
                 0 < connect_timeout < float("inf")):
             raise KerasflowError(f"connect_timeout must be a positive number of seconds. Received: "
                                  f"connect_timeout={connect_timeout!r}")
+        if on_lost_task not in ("exit", "wait"):
+            raise KerasflowError(f"on_lost_task must be 'exit' or 'wait'. Received: on_lost_task={on_lost_task!r}")
         resolver = cluster_resolver if cluster_resolver is not None else multihost.resolver_from_environment()
         if resolver is not None:
             cluster_devices = multihost.connect(resolver, timeout=connect_timeout)
+            if on_lost_task == "exit":
+                multihost.TaskWatch(multihost.other_tasks(resolver), patience=connect_timeout).start()
             devices = devices or cluster_devices
             if cluster is None:
                 cluster = multihost.multihost_cluster([_canonical(d) for d in devices],

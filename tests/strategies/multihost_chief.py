@@ -4,6 +4,11 @@ writes its results as JSON.
 
     TF_CONFIG='{"cluster": {"chief": [...], "worker": [...]}, "task": {"type": "chief", "index": 0}}' \
         python -m tests.strategies.multihost_chief OUT.json CKPT_DIR
+        python -m tests.strategies.multihost_chief OUT.json --stop PID SIGNAL WHEN
+
+The second form stops the worker process PID with SIGNAL a few steps after the plan is in
+force (WHEN: ``mid-epoch`` or ``between-epochs``), records when in OUT.json, then how ``fit``
+ended and how long after the signal.
 """
 
 import json
@@ -53,5 +58,50 @@ def main(out: str, checkpoint_dir: str) -> None:
         json.dump(result, handle)
 
 
+def stop_a_worker_mid_fit(out: str, pid: int, signal_name: str, when: str) -> None:
+    import signal
+    import time
+
+    import keras
+    import numpy as np
+
+    strategy = kerasflow.FastTStrategy(inter_host_link=(20e-6, 5e9), split=False, tick_tock="off", verbose=0,
+                                       connect_timeout=5)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
+                                  keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    stopped = {}
+
+    def stop():
+        os.kill(pid, getattr(signal, signal_name))
+        stopped["at"] = time.monotonic()
+        with open(out, "w") as handle:  # in case this process does not get to write more
+            json.dump({"stopped_at": time.time()}, handle)
+
+    class StopTheWorker(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            stopped["planned_steps"] = stopped.get("planned_steps", 0) + strategy.plan_in_force
+            if when == "mid-epoch" and stopped["planned_steps"] == 3:
+                stop()
+
+        def on_epoch_end(self, epoch, logs=None):
+            if when == "between-epochs" and stopped.get("planned_steps", 0) >= 3 and "at" not in stopped:
+                stop()
+
+    x, y = np.random.rand(512, 64).astype("float32"), np.random.randint(0, 10, 512)
+    result = {"raised": None}
+    try:
+        model.fit(x, y, batch_size=32, epochs=20, verbose=0, callbacks=[StopTheWorker()])
+    except Exception as error:  # noqa: BLE001 - what fit raised is the result
+        result = {"raised": type(error).__name__, "message": str(error)}
+    result["seconds"] = time.monotonic() - stopped["at"] if "at" in stopped else None
+    with open(out, "w") as handle:
+        json.dump(result, handle)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[2] == "--stop":
+        stop_a_worker_mid_fit(sys.argv[1], int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    else:
+        main(sys.argv[1], sys.argv[2])

@@ -157,9 +157,13 @@ def test_bad_settings_are_refused_when_the_door_is_made(name, value, match):
         kerasflow.callbacks.FastT(**{name: value})
 
 
-def test_a_bad_connect_timeout_is_refused_before_connecting():
-    with pytest.raises(KerasflowError, match="connect_timeout must be a positive number"):
-        kerasflow.FastTStrategy(connect_timeout=-1)
+@pytest.mark.parametrize("setting, match", [
+    (dict(connect_timeout=-1), "connect_timeout must be a positive number"),
+    (dict(on_lost_task="retry"), r"on_lost_task must be 'exit' or 'wait'. Received: on_lost_task='retry'"),
+])
+def test_bad_cluster_settings_are_refused_before_connecting(setting, match):
+    with pytest.raises(KerasflowError, match=match):
+        kerasflow.FastTStrategy(**setting)
 
 
 def test_a_bad_environment_setting_names_the_variable(monkeypatch):

@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import kerasflow
+import kerasflow.multihost
 from kerasflow import ClusterConnectionError
 from kerasflow.worker import free_ports, local_cluster
 from tests.strategies.test_fastt_strategy import baseline
@@ -95,7 +96,9 @@ def start_worker(cluster, index=0):
     process = subprocess.Popen([sys.executable, "-m", "kerasflow.worker"], cwd=ROOT,
                                env=environment(TF_CONFIG=tf_config(cluster, "worker", index)),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process.startup_output = []
     for line in process.stdout:
+        process.startup_output.append(line)
         if "serving on" in line:
             return process
     raise AssertionError(f"the worker did not start (exit {process.wait()})")
@@ -114,6 +117,35 @@ def test_the_worker_stops_on_sigterm_and_ctrl_c_within_seconds(stop):
         worker.kill()
 
 
+def listening_addresses(port):
+    """The local addresses listening on TCP ``port``, from the kernel's tables (hex, as listed)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as handle:
+            for row in handle.readlines()[1:]:
+                local, state = row.split()[1], row.split()[3]
+                address, hex_port = local.rsplit(":", 1)
+                if state == "0A" and int(hex_port, 16) == port:
+                    found.append(address)
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's socket tables")
+def test_the_worker_warns_that_it_listens_beyond_the_address_it_was_given():
+    port = free_ports(1)[0]
+    worker = start_worker({"worker": [f"127.0.0.1:{port}"]})
+    try:
+        # What the warning claims, checked against the kernel: the wildcard, not loopback only.
+        # (When TensorFlow binds only the named address, this fails: drop the warning then.)
+        addresses = listening_addresses(port)
+        assert addresses and all(set(address) == {"0"} for address in addresses), addresses
+    finally:
+        worker.kill()
+        worker.wait()
+    warning = f"kerasflow.worker: warning: {kerasflow.multihost.exposure_warning(f'grpc://127.0.0.1:{port}')}\n"
+    assert warning in worker.startup_output
+
+
 def test_a_stopped_worker_is_named_within_the_timeout():
     address = f"127.0.0.1:{free_ports(1)[0]}"
     worker = start_worker({"worker": [address]})
@@ -129,6 +161,96 @@ def test_a_stopped_worker_is_named_within_the_timeout():
         worker.send_signal(signal.SIGCONT)
         worker.kill()
         worker.wait()
+
+
+def checks_while_the_main_thread_waits_in_tensorflow(watch, pauses):
+    """Runs ``watch.check`` after each pause while the main thread waits in a TensorFlow call
+    (a dequeue from an empty queue), then releases it; returns the checks' results."""
+    queue, results = tf.queue.FIFOQueue(1, tf.int32), []
+
+    def check_then_release():
+        for pause in pauses:
+            time.sleep(pause)
+            results.append(watch.check(time.monotonic()))
+        queue.close(cancel_pending_enqueues=True)
+
+    checker = threading.Thread(target=check_then_release)
+    checker.start()
+    with pytest.raises(tf.errors.OutOfRangeError):
+        queue.dequeue()
+    checker.join()
+    return results
+
+
+def test_the_task_watch_exits_once_a_task_is_silent_through_a_stuck_call_for_its_patience():
+    dead = f"127.0.0.1:{free_ports(1)[0]}"
+    exits = []
+    watch = kerasflow.multihost.TaskWatch([("worker", 3, dead)], patience=0.2, period=0.1, exit=exits.append)
+    # first check: the call and the silence are both just seen (0 s); second, 0.3 s later: both >= 0.2
+    first, second = checks_while_the_main_thread_waits_in_tensorflow(watch, [0.5, 0.3])
+    assert first is None
+    assert f"task worker:3 at {dead} stopped answering" in second and "exits (code 75)" in second
+    assert exits == [75]
+
+
+def test_the_task_watch_leaves_alone_a_process_not_waiting_in_tensorflow():
+    exits = []
+    watch = kerasflow.multihost.TaskWatch([("worker", 0, f"127.0.0.1:{free_ports(1)[0]}")], patience=0.1,
+                                          exit=exits.append)
+    results = []
+
+    def check_twice():
+        for _ in range(2):
+            results.append(watch.check(time.monotonic()))
+            time.sleep(0.3)
+
+    checker = threading.Thread(target=check_twice)
+    checker.start()
+    checker.join()  # the main thread waits in Python's threading, not in TensorFlow
+    assert results == [None, None] and exits == []
+
+
+def stop_a_worker_during_fit(tmp_path, signal_name, when):
+    """Runs the chief, which sends worker 1 ``signal_name`` during fit; returns the chief's run,
+    its result, when it ended, and the worker's address."""
+    chief, *workers = [f"127.0.0.1:{port}" for port in free_ports(3)]
+    cluster = {"chief": [chief], "worker": workers}
+    processes = [start_worker(cluster, index) for index in range(2)]
+    try:
+        out = tmp_path / "result.json"
+        run = subprocess.run([sys.executable, "-m", "tests.strategies.multihost_chief", str(out), "--stop",
+                              str(processes[1].pid), signal_name, when], cwd=ROOT,
+                             env=environment(TF_CONFIG=tf_config(cluster, "chief")), capture_output=True, text=True,
+                             timeout=300)
+        ended = time.time()
+        return run, json.loads(out.read_text()), ended, workers[1]
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+def test_a_worker_killed_mid_epoch_ends_fit_with_one_clear_error_within_seconds(tmp_path):
+    run, result, _, address = stop_a_worker_during_fit(tmp_path, "SIGKILL", "mid-epoch")
+    assert run.returncode == 0, run.stderr[-4000:]
+    # Its variables went with it: the fit cannot go on, and says which task and what to do.
+    assert result["raised"] == "ClusterConnectionError", result
+    assert f"/job:worker/replica:0/task:1 at {address} stopped answering during fit" in result["message"]
+    assert "resume from your last checkpoint" in result["message"]
+    assert result["seconds"] < 30
+
+
+@pytest.mark.parametrize("signal_name, when", [
+    ("SIGKILL", "between-epochs"),  # Keras' next epoch iterator syncs every task's executor
+    ("SIGSTOP", "mid-epoch"),  # the next step waits for tensors from a process that answers nothing
+])
+def test_a_worker_lost_where_tensorflow_would_wait_forever_ends_the_chief_with_one_line(tmp_path, signal_name,
+                                                                                        when):
+    run, result, ended, address = stop_a_worker_during_fit(tmp_path, signal_name, when)
+    assert run.returncode == kerasflow.multihost.TaskWatch.EXIT_CODE, run.stderr[-4000:]
+    assert f"kerasflow: task worker:1 at {address} stopped answering" in run.stderr
+    assert "resume from your last checkpoint" in run.stderr
+    assert ended - result["stopped_at"] < 5 + 30  # the chief's connect_timeout, and some checks
 
 
 @pytest.mark.parametrize("reply, message", [(b"", "does not answer"),
