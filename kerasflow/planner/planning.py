@@ -27,7 +27,7 @@ from .ticktock import (
     batch_coupled_ops, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
 )
 
-__all__ = ["plan", "candidate_plans", "strongest_host", "CANDIDATES", "TICK_TOCK_MODES"]
+__all__ = ["plan", "candidate_plans", "strongest_host", "order_if_faster", "CANDIDATES", "TICK_TOCK_MODES"]
 
 TICK_TOCK_MODES = ("auto", "on", "off")
 
@@ -102,7 +102,7 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
 
     def consider(name: str, make: Callable[[], Plan]) -> None:
         try:
-            candidate = make()
+            candidate = order_if_faster(make(), graph, cluster, fits)
         except InsufficientMemoryError as error:
             misfits.append(f"{name}: {error}")
             return
@@ -136,6 +136,7 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
 
         best_split, _ = split_search(graph, cluster, results[base_name], schedule,
                                      max_evaluations=max_split_evaluations, progress=lambda _: bar.update(1))
+        best_split = order_if_faster(best_split, graph, cluster, fits)
         if best_split.splits:
             name = f"{base_name}+split"
             results[name] = computed[name] = dataclasses.replace(best_split, algorithm=name)
@@ -153,6 +154,30 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
             "Ways out: more devices, a smaller batch, Tick-Tock waves (tick_tock='on'), or a larger "
             "memory_limit. Details: " + " | ".join(misfits))
     return results, misfits
+
+
+def order_if_faster(candidate: Plan, graph: OpGraph, cluster: Cluster,
+                    fits: Callable[[Plan], bool] = lambda _: True) -> Plan:
+    """``candidate``, or the same plan without its per-device order when that simulates faster
+    (and ``fits``, when ``candidate`` does).
+
+    A list schedule's order is fixed from estimated finish times; run without it, each device
+    takes whichever ready task ranks highest, which can beat the fixed order once transfers
+    land later or earlier than estimated (and can lose to it, so both are simulated).
+
+    Example:
+        >>> from kerasflow.planner import heft, synthetic
+        >>> graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
+        >>> ordered = heft(graph, cluster)
+        >>> order_if_faster(ordered, graph, cluster).predicted_step_time <= ordered.predicted_step_time
+        True
+    """
+    if not candidate.order:
+        return candidate
+    unordered = baselines.with_prediction(dataclasses.replace(candidate, order={}), graph, cluster,
+                                          candidate.batch_size)
+    faster = unordered.predicted_step_time < candidate.predicted_step_time * (1 - 1e-9)
+    return unordered if faster and (fits(unordered) or not fits(candidate)) else candidate
 
 
 def strongest_host(cluster: Cluster) -> list[str]:

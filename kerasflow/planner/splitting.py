@@ -73,7 +73,9 @@ def critical_tasks(tg: TaskGraph, result: SimulationResult, cluster: Cluster) ->
 
     From the task that ends last, step to whichever released it latest: an input (its
     end, plus the transfer when it came from another device) or the task before it on
-    its device.
+    its device. "Before it" is the order the simulator dispatched tasks in: zero-length
+    tasks that start together (the step's closing ``Identity`` and ``NoOp``) ran in data
+    order, which sorting by start time and task id can reverse.
     """
     n = len(tg)
     if n == 0:
@@ -81,8 +83,10 @@ def critical_tasks(tg: TaskGraph, result: SimulationResult, cluster: Cluster) ->
     start, end = result.task_start, result.task_end
     preds = predecessors(tg)
     previous = [-1] * n
+    position = {t: i for i, t in enumerate(result.dispatch_order)}
     for device in range(len(tg.devices) + 1):
-        tasks = sorted((t for t in range(n) if tg.resource[t] == device), key=lambda t: (start[t], t))
+        tasks = sorted((t for t in range(n) if tg.resource[t] == device),
+                       key=lambda t: (start[t], position.get(t, n), t))
         for a, b in zip(tasks, tasks[1:]):
             previous[b] = a
     latency, inverse = cluster.latency_matrix, cluster.inverse_bandwidth_matrix
@@ -107,6 +111,17 @@ def critical_tasks(tg: TaskGraph, result: SimulationResult, cluster: Cluster) ->
         path.append(best)
         seen.add(best)
         t = best
+
+
+def _distinct(moves: list[list[str]]) -> list[list[str]]:
+    """The non-empty moves, each once, in their first order."""
+    seen: set[tuple[str, ...]] = set()
+    kept = []
+    for move in moves:
+        if move and tuple(move) not in seen:
+            seen.add(tuple(move))
+            kept.append(move)
+    return kept
 
 
 def balanced_shards(cluster: Cluster, devices: Sequence[str]) -> tuple[Shard, ...]:
@@ -173,14 +188,12 @@ def split_search(graph: OpGraph, cluster: Cluster, base: Plan, schedule: Schedul
         # Moves of this round: every critical-path layer at once (a step towards data
         # parallelism where that pays), the subset whose split pays on a first-order
         # estimate (a hybrid: convolutions split, weight-heavy dense layers left whole, as in
-        # Krizhevsky's "one weird trick"), then the most expensive layers one by one.
+        # Krizhevsky's "one weird trick"), then one by one the most expensive layers and
+        # every paying one (the only paying layer may be far down the path: RNNLM's softmax).
         ranked = sorted(on_path, key=lambda l: (-on_path[l], l))
-        moves = [ranked] if len(ranked) > 1 else []
         paying = [layer for layer in ranked
                   if split_pays(on_path[layer], weights.get(layer, 0.0), len(names), slowest_seconds_per_byte)]
-        if len(paying) > 1 and paying != ranked:
-            moves.append(paying)
-        moves += [[layer] for layer in ranked[:layers_per_round]]
+        moves = _distinct([ranked, paying] + [[layer] for layer in ranked[:layers_per_round] + paying])
         round_best = best
         for layers in moves:
             for k in range(2, len(names) + 1):

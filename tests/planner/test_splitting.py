@@ -78,6 +78,55 @@ def test_critical_tasks_walk_back_from_the_last_task():
     assert [tg.names[t] for t in path] == ["d", "b", "a"]
 
 
+def test_critical_tasks_follow_the_dispatch_order_through_zero_length_ties():
+    # One device. a (1 s) feeds w (2 s) and i (Identity, 0 s); both feed n (NoOp, 0 s). Listed
+    # n, i, a, w, so n and i have the lowest task ids. Timeline: a 0-1; at 1 w (upward rank 2)
+    # goes before i (rank 0): w 1-3; i 3-3; n 3-3. i started at 3 because the device was busy
+    # with w, not because of its input (a, released at 1). Sorting by (start, id) puts n before
+    # i, so the walk from n reached i and then "the task before i" was n again: [n, i], no
+    # layer on it, and split search stopped with 0 evaluations. In dispatch order i follows w.
+    graph = OpGraph([op("n", 0.0, type="NoOp"), op("i", 0.0, [1], type="Identity"), op("a", 1.0, [1]),
+                     op("w", 2.0, [1])], [("a", "w", 0), ("a", "i", 0), ("w", "n", 0), ("i", "n", 0)])
+    c = cluster(1)
+    tg = build_task_graph(graph, c, Plan(placement={o.name: "/D:0" for o in graph.ops}))
+    result = run_task_graph(tg, c)
+    assert [(tg.names[t], result.task_start[t]) for t in result.dispatch_order] == [
+        ("a", 0.0), ("w", 1.0), ("i", 3.0), ("n", 3.0)]
+    assert [tg.names[t] for t in critical_tasks(tg, result, c)] == ["n", "i", "w", "a"]
+
+
+def three_layer_chain():
+    # x -> A -> B -> C -> y, batch 8, 4 B per sample between layers. A costs 3 s per sample
+    # (24 s), B 2 s (16 s), C 1 s (8 s). A and B read 10,000 B of weights each, C none.
+    ops, edges, previous = [op("x", 0.0, [(0, 4)], phase="other")], [], "x"
+    for layer, per_sample, weight in (("A", 3.0, 10_000), ("B", 2.0, 10_000), ("C", 1.0, 0)):
+        ops.append(op(f"{layer}/m", (0.0, per_sample), [(0, 4)], layer=layer, batch_axis=0))
+        edges.append((previous, f"{layer}/m", 0))
+        if weight:
+            ops += [op(f"{layer}/w", 0.0, [weight], layer=layer, phase="other", persistent_bytes=weight,
+                       colocation=f"{layer}/w"),
+                    op(f"{layer}/read", 0.0, [weight], layer=layer, colocation=f"{layer}/w")]
+            edges += [(f"{layer}/w", f"{layer}/read", 0), (f"{layer}/read", f"{layer}/m", 0)]
+        previous = f"{layer}/m"
+    return OpGraph(ops + [op("y", 0.0)], edges + [(previous, "y", 0)], batch_size=8)
+
+
+def test_the_only_paying_split_is_tried_even_far_down_the_path():
+    graph, c = three_layer_chain(), cluster(2)  # two devices, 100 B/s, free local copies
+    base = heft(graph, c)
+    assert base.predicted_step_time == 48.0  # everything on /D:0: 24 + 16 + 8
+    best, evaluations = split_search(graph, c, base, lambda splits: heft(graph, c, splits=splits))
+    # Splitting A or B ships 10,000 B of weights at 100 B/s (100 s): never pays. Splitting C
+    # (ranked 3rd by path time, the only paying layer) in halves: shard 0 runs on /D:0 40-44 s;
+    # shard 1 gets its 16 B of input (0.16 s) and runs on /D:1 40.16-44.16 s; y joins the
+    # halves on /D:1 once /D:0's 16 B arrive (44.16 s).
+    assert {layer: [(s.device, s.fraction) for s in shards] for layer, shards in best.splits.items()} == {
+        "C": [("/D:0", 0.5), ("/D:1", 0.5)]}
+    assert best.predicted_step_time == pytest.approx(44.16, abs=1e-9)
+    # round 1: [A, B, C], [C], [A], [B]; round 2 (C split): [A, B], [A], [B]; one k each
+    assert evaluations == 7
+
+
 def test_plan_records_candidates_and_matches_the_simulator():
     graph = synthetic.inception_like(blocks=2)
     c = Cluster.preset("8xH100-nvlink")
