@@ -15,7 +15,10 @@ final plan's simulated peaks too.
 
 Colocation: the ops of a group (a variable, its reads, its updates) share a device. A
 group's first ops (the variable and its reads) wait unplaced until an op that uses them is
-placed; the group then joins that op's device, so weights sit where they are used.
+placed; the group then joins that op's device, so weights sit where they are used. A split
+layer's weights are used on every shard's device: they go to the shard device with the least
+group work (variable reads and updates) homed on it so far, so the updates of many split
+layers spread over the devices instead of queueing on the first shard's.
 """
 
 from __future__ import annotations
@@ -130,8 +133,13 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
 
     first_of: dict[tuple[str, str], int] = {}
     grouped = [False] * n
+    copies_of_op: dict[int, int] = {}
     for t in range(n):
-        if tg.role[t] != "op" or tg.wave[t] >= 0 or tg.shard[t] >= 0 or tg.replica[t] >= 0:
+        if tg.role[t] == "op":
+            copies_of_op[tg.base[t]] = copies_of_op.get(tg.base[t], 0) + 1
+    for t in range(n):
+        # (Wave, shard and replica copies run where their plan puts them.)
+        if tg.role[t] != "op" or copies_of_op[tg.base[t]] > 1:
             continue
         op = graph.ops[tg.base[t]]
         keys = [("colocation", op.colocation)] if op.colocation is not None else []
@@ -158,6 +166,17 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
             group_persistent[group_of[t]] += tg.persistent[t]
             if fixed[t] >= 0:
                 group_device[group_of[t]] = fixed[t]
+    group_work = [[0.0] * len(class_costs) for _ in group_names]
+    shard_devices: dict[int, list[int]] = {}
+    for t in range(n):
+        if group_of[t] >= 0:
+            for c in range(len(class_costs)):
+                group_work[group_of[t]][c] += class_costs[c][t]
+        if fixed[t] >= 0 and tg.shard[t] >= 0:
+            devices_of = shard_devices.setdefault(tg.base[t], [])
+            if fixed[t] not in devices_of:
+                devices_of.append(fixed[t])
+    homed_work = [0.0] * num_devices
     deferred_members: list[list[int]] = [[] for _ in group_names]
     deferred_cost = [[0.0] * len(class_costs) for _ in group_names]
     is_deferred = [False] * n
@@ -225,6 +244,7 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
     def bind(g: int, d: int) -> None:
         group_device[g] = d
         live[d] += group_persistent[g]
+        homed_work[d] += group_work[g][device_class[d]]
         ready = 0.0
         for member in deferred_members[g]:
             member_ready = max((finish[p] for p, _ in preds[member] if device[p] >= 0), default=0.0)
@@ -235,6 +255,12 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
             for p, _ in preds[member]:
                 release(p)
         deferred_members[g].clear()
+
+    def home_by_load(g: int, devices: list[int]) -> int:
+        """The device of ``devices`` with the least group work once ``g`` joins it (memory
+        permitting; the first such device on a tie)."""
+        roomy = [d for d in devices if live[d] + group_persistent[g] <= budgets[d]] or devices
+        return min(roomy, key=lambda d: (homed_work[d] + group_work[g][device_class[d]], devices.index(d)))
 
     missing = list(tg.npreds)
     heap = [(-priority[t], topo_position[t], t) for t in range(n) if missing[t] == 0]
@@ -261,6 +287,11 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
         pending_groups = {group_of[p] for p, _ in preds[t] if is_deferred[p]}
         if g >= 0 and group_device[g] < 0:
             pending_groups.add(g)
+        if fixed[t] >= 0 and tg.shard[t] >= 0 and pending_groups:
+            # A split layer's weights: homed by load among its shards' devices, then copied.
+            for x in sorted(pending_groups):
+                bind(x, home_by_load(x, shard_devices[tg.base[t]]))
+            pending_groups = set()
         if fixed[t] >= 0:
             candidates = [fixed[t]]
         elif g >= 0 and group_device[g] >= 0:

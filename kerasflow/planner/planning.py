@@ -22,7 +22,7 @@ from .graph import OpGraph
 from .heft import heft
 from .listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
 from .plan import Plan
-from .splitting import split_search
+from .splitting import hybrid_splits, split_search
 from .ticktock import (
     batch_coupled_ops, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
 )
@@ -119,7 +119,7 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
         if progress is not None:
             progress(name)
 
-    bar = progress_bar(len(candidates) + (max_split_evaluations if split else 0) + (3 if waves_wanted else 0),
+    bar = progress_bar(len(candidates) + (max_split_evaluations + 1 if split else 0) + (3 if waves_wanted else 0),
                        "kerasflow: planning", verbose)
 
     for name in candidates:
@@ -134,7 +134,12 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
                 raise InsufficientMemoryError("split plan exceeds a device's memory budget")
             return candidate
 
-        best_split, _ = split_search(graph, cluster, results[base_name], schedule,
+        start = results[base_name]
+        hybrid = hybrid_splits(graph, cluster, start)
+        if hybrid:
+            consider(f"{base_name}+hybrid", lambda: schedule(hybrid))
+            start = min((start, results.get(f"{base_name}+hybrid", start)), key=lambda p: p.predicted_step_time)
+        best_split, _ = split_search(graph, cluster, start, schedule,
                                      max_evaluations=max_split_evaluations, progress=lambda _: bar.update(1))
         best_split = order_if_faster(best_split, graph, cluster, fits)
         if best_split.splits:

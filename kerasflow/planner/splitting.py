@@ -33,13 +33,15 @@ Scheduler = Callable[[Mapping[str, Sequence[Shard]]], Plan]
 
 
 def splittable_layers(graph: OpGraph) -> set[str]:
-    """Layers whose batch ops can all be split along the batch (and that have some)."""
+    """Layers whose batch ops can all be split along the batch (and that have some). A batch
+    op in a colocation group (string ops kept on the host together) rules its layer out: its
+    shards would have to run on one device."""
     is_batch = batch_ops(graph)
     ok: dict[str, bool] = {}
     for i, op in enumerate(graph.ops):
         if op.layer is None or not is_batch[i]:
             continue
-        ok[op.layer] = ok.get(op.layer, True) and op.splittable
+        ok[op.layer] = ok.get(op.layer, True) and op.splittable and op.colocation is None
     return {layer for layer, fine in ok.items() if fine}
 
 
@@ -111,6 +113,36 @@ def critical_tasks(tg: TaskGraph, result: SimulationResult, cluster: Cluster) ->
         path.append(best)
         seen.add(best)
         t = best
+
+
+def hybrid_splits(graph: OpGraph, cluster: Cluster, base: Plan) -> dict[str, tuple[Shard, ...]]:
+    """A data-parallel-like start for the split search: every splittable layer whose split
+    over all devices pays on the first-order estimate (``split_pays``, with the layer's whole
+    time in ``base``), all with one shard map; layers heavy in weights stay whole.
+
+    Example:
+        >>> from kerasflow.planner import heft, synthetic
+        >>> graph, cluster = synthetic.inception_like(blocks=1), Cluster.preset("4xV100-nvlink")
+        >>> splits = hybrid_splits(graph, cluster, heft(graph, cluster))
+        >>> len({shards for shards in splits.values()}) <= 1
+        True
+    """
+    candidates = splittable_layers(graph)
+    if len(cluster) < 2 or not candidates:
+        return {}
+    batch = base.batch_size or graph.batch_size
+    tg = build_task_graph(graph, cluster, base, batch)
+    layer_seconds: dict[str, float] = {}
+    for t in range(len(tg)):
+        if tg.role[t] == "op" and tg.shard[t] < 0:
+            layer = graph.ops[tg.base[t]].layer
+            if layer in candidates:
+                layer_seconds[layer] = layer_seconds.get(layer, 0.0) + tg.duration[t]
+    weights = layer_weight_bytes(graph, batch)
+    slowest_seconds_per_byte = max(max(row) for row in cluster.inverse_bandwidth_matrix)
+    shards = balanced_shards(cluster, cluster.device_names)
+    return {layer: shards for layer in sorted(layer_seconds)
+            if split_pays(layer_seconds[layer], weights.get(layer, 0.0), len(cluster), slowest_seconds_per_byte)}
 
 
 def _distinct(moves: list[list[str]]) -> list[list[str]]:

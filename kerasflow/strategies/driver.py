@@ -337,8 +337,8 @@ class Driver:
                     driver.reporter.warn(f"kerasflow: the planned order could not run ({_describe(error)}); "
                                          "keeping the placement without it.")
                     driver.rebuild()
-                else:
-                    driver.fall_back("running the planned step", error)
+                    return driver.model.train_function(iterator)  # guarded again
+                driver.fall_back("running the planned step", error)
                 return driver.run_on_default(iterator)
 
         guarded._kerasflow_guarded = True

@@ -3,7 +3,7 @@
 import pytest
 
 from kerasflow.planner import (
-    Cluster, Device, InsufficientMemoryError, Link, OpGraph, cpop, heft, simulate, synthetic,
+    Cluster, Device, InsufficientMemoryError, Link, OpGraph, Shard, cpop, heft, simulate, synthetic,
 )
 from kerasflow.planner.listschedule import list_schedule, memory_budgets, scheduling_tasks
 from tests.planner.helpers import cluster, op
@@ -170,3 +170,43 @@ def test_on_two_hosts_data_parallelism_inside_one_host_is_a_candidate():
     # one host: the candidate is not offered
     plans, _ = candidate_plans(graph, "8xV100-nvlink", split=False, tick_tock="off", verbose=0)
     assert "data_parallel_one_host" not in plans
+
+
+def two_split_layers_with_updates():
+    # x -> A -> B -> y, batch 8, no bytes moved (every copy is free). Each layer: a variable w,
+    # its read, a batch op m (0.5 s per sample: 4 s whole, 2 s per half) and a 3 s update
+    # colocated with w.
+    ops, edges, previous = [op("x", 0.0, [0], phase="other")], [], "x"
+    for layer in ("A", "B"):
+        ops += [op(f"{layer}/w", 0.0, [0], layer=layer, phase="other", persistent_bytes=4, colocation=f"{layer}/w"),
+                op(f"{layer}/read", 0.0, [0], layer=layer, colocation=f"{layer}/w"),
+                op(f"{layer}/m", (0.0, 0.5), [0], layer=layer, batch_axis=0),
+                op(f"{layer}/update", 3.0, [], layer=layer, phase="update", colocation=f"{layer}/w")]
+        edges += [(f"{layer}/w", f"{layer}/read", 0), (previous, f"{layer}/m", 0),
+                  (f"{layer}/read", f"{layer}/m", 0), (f"{layer}/m", f"{layer}/update", 0)]
+        previous = f"{layer}/m"
+    return OpGraph(ops + [op("y", 0.0)], edges + [(previous, "y", 0)], batch_size=8)
+
+
+def test_split_layers_weights_are_homed_by_load_not_on_the_first_shard():
+    graph, c = two_split_layers_with_updates(), cluster(2)
+    halves = (Shard("/D:0", 0.5), Shard("/D:1", 0.5))
+    chosen = heft(graph, c, splits={"A": halves, "B": halves})
+    # A's group goes to /D:0 (both devices have no group work yet: the first); B's to /D:1,
+    # where it adds 3 s of updates against /D:0's 3 s + 3 s. Timeline on each device: A's
+    # half 0-2, B's half 2-4, then the layer's update homed there 4-7. With both groups on
+    # the first shard's device the updates queue there: 4-7, 7-10.
+    assert [chosen.placement[name] for name in ("A/w", "A/update", "B/w", "B/update")] == [
+        "/D:0", "/D:0", "/D:1", "/D:1"]
+    assert chosen.predicted_step_time == 7.0
+
+
+def test_a_colocation_group_of_batch_ops_stays_together_when_another_layer_is_split():
+    # Two 1 s string ops kept together on the host (one group) feed a dense layer split in
+    # halves. Alone, each would take its own device (both ready at 0); together they share one.
+    graph = OpGraph([op("s1", (0.0, 0.125), [(0, 1)], batch_axis=0, colocation="host/lookup"),
+                     op("s2", (0.0, 0.125), [(0, 1)], batch_axis=0, colocation="host/lookup"),
+                     op("m", (0.0, 0.125), [(0, 1)], layer="dense", batch_axis=0)],
+                    [("s1", "m", 0), ("s2", "m", 0)], batch_size=8)
+    chosen = heft(graph, cluster(2), splits={"dense": (Shard("/D:0", 0.5), Shard("/D:1", 0.5))})
+    assert chosen.placement["s1"] == chosen.placement["s2"]

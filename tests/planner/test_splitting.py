@@ -8,7 +8,8 @@ from kerasflow.planner import (
     simulate, synthetic,
 )
 from kerasflow.planner.splitting import (
-    balanced_shards, critical_tasks, layer_weight_bytes, split_pays, splittable_layers, split_search,
+    balanced_shards, critical_tasks, hybrid_splits, layer_weight_bytes, split_pays, splittable_layers,
+    split_search,
 )
 from kerasflow.planner.taskgraph import build_task_graph
 from kerasflow.planner.simulator import run_task_graph
@@ -65,6 +66,14 @@ def test_splittable_layers_exclude_batch_coupled_ones():
                      op("bn", 1.0, [4], layer="batch_norm"),
                      op("v", 0.0, [4], layer="dense", phase="other", persistent_bytes=4, colocation="v")],
                     [("m", "bn", 0)])
+    assert splittable_layers(graph) == {"dense"}
+
+
+def test_a_layer_with_a_batch_op_pinned_in_a_group_is_not_splittable():
+    # two hash ops of one lookup layer kept together on the host: shards could not follow
+    graph = OpGraph([op("hash", 1.0, [4], layer="hashing", batch_axis=0, colocation="host/hashing"),
+                     op("hash_1", 1.0, [4], layer="hashing", batch_axis=0, colocation="host/hashing"),
+                     op("m", 1.0, [4], layer="dense", batch_axis=0)], [("hash", "m", 0), ("hash_1", "m", 0)])
     assert splittable_layers(graph) == {"dense"}
 
 
@@ -125,6 +134,16 @@ def test_the_only_paying_split_is_tried_even_far_down_the_path():
     assert best.predicted_step_time == pytest.approx(44.16, abs=1e-9)
     # round 1: [A, B, C], [C], [A], [B]; round 2 (C split): [A, B], [A], [B]; one k each
     assert evaluations == 7
+
+
+def test_the_hybrid_start_splits_the_layers_that_pay_and_leaves_weight_heavy_ones_whole():
+    graph, c = three_layer_chain(), cluster(2)
+    base = heft(graph, c)
+    # Over 2 devices a split saves half the layer's time and ships its weights out and the
+    # gradient back once: A saves 12 s for 200 s of copies, B 8 s for 200 s, C 4 s for none.
+    assert hybrid_splits(graph, c, base) == {"C": balanced_shards(c, ["/D:0", "/D:1"])}
+    chosen = plan(graph, c, split=True, tick_tock="off")
+    assert chosen.candidates["heft+hybrid"] == pytest.approx(44.16, abs=1e-9)  # as split C above
 
 
 def test_plan_records_candidates_and_matches_the_simulator():
