@@ -24,7 +24,7 @@ from kerasflow.planner.errors import ClusterConnectionError, KerasflowError
 from kerasflow.planner.hardware import DEVICE_SPECS
 
 __all__ = ["parse_tf_config", "resolver_from_environment", "task_addresses", "other_tasks", "wait_for_tasks", "connect",
-           "task_of", "run_within", "exposure_warning", "TaskWatch", "device_type", "multihost_cluster"]
+           "task_of", "run_within", "exposure_warning", "TaskWatch", "silent_tasks", "device_type", "multihost_cluster"]
 
 DEFAULT_CONNECT_TIMEOUT = 30.0
 
@@ -98,6 +98,22 @@ def task_addresses(resolver) -> list[tuple[str, int, str]]:
             "The cluster resolver describes no tasks; received an empty cluster spec. Give it the jobs and "
             "their addresses (TF_CONFIG's 'cluster', or a tf.train.ClusterSpec).")
     return tasks
+
+
+# The other tasks of the cluster this process connected to (``connect`` fills it).
+_connected_tasks: list[tuple[str, int, str]] = []
+
+
+def silent_tasks(seconds: float = 2.0) -> list[tuple[str, int, str]]:
+    """The tasks of the connected cluster that do not answer as gRPC servers within ``seconds``
+    (none before ``connect``), to name the one a failed call lost.
+
+    Example:
+        >>> silent_tasks()
+        []
+    """
+    deadline = time.monotonic() + seconds
+    return [task for task in _connected_tasks if _reachable(task[2], deadline) is not None]
 
 
 def other_tasks(resolver) -> list[tuple[str, int, str]]:
@@ -241,6 +257,7 @@ def connect(cluster_resolver=None, *, timeout: float = DEFAULT_CONNECT_TIMEOUT) 
             f"TensorFlow could not connect to the cluster {resolver.cluster_spec().as_dict()} as {job}:{index}: "
             f"{str(error).splitlines()[0]}. Check that every task runs `python -m kerasflow.worker` with this "
             "TF_CONFIG, and connect before building any model.") from None
+    _connected_tasks[:] = other_tasks(resolver)
     if local is not None:  # this process now serves its task too
         warnings.warn(f"kerasflow: {exposure_warning(resolver.cluster_spec().task_address(job, index))}",
                       RuntimeWarning, stacklevel=3)
@@ -278,19 +295,15 @@ class TaskWatch:
         self._silent_since: dict[str, float] = {}
         self._call, self._call_since = None, 0.0
         self._main = threading.main_thread().ident
-        self._stopped = threading.Event()
 
     def start(self) -> "TaskWatch":
-        """Starts checking in a daemon thread; returns the watch."""
+        """Starts checking in a daemon thread (for the life of the process); returns the watch."""
         threading.Thread(target=self._run, name="kerasflow-task-watch", daemon=True).start()
         return self
 
-    def stop(self) -> None:
-        """Stops checking (within one period)."""
-        self._stopped.set()
-
     def _run(self) -> None:
-        while not self._stopped.wait(self.period):
+        while True:
+            time.sleep(self.period)
             self.check(time.monotonic())
 
     def check(self, now: float) -> str | None:

@@ -34,7 +34,6 @@ from typing import Iterator
 __all__ = ["main", "server_for", "free_ports", "local_cluster", "serve_until_stopped"]
 
 
-
 def server_for(config: str | dict, *, cpus: int | None = None, start: bool = True):
     """A ``tf.distribute.Server`` for the task ``config`` (TF_CONFIG's content) names.
 

@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasflow import _compat
-from kerasflow.multihost import run_within
+from kerasflow.multihost import run_within, silent_tasks, task_of
 from kerasflow.planner import Cluster, OpGraph, Plan, plan as make_plan
 from kerasflow.planner.errors import ClusterConnectionError, InvalidPlanError, KerasflowError
 from kerasflow.profiling.capture import capture_step
@@ -399,10 +399,13 @@ class Driver:
             return
         self.applier = None
         object.__setattr__(self.model, "train_step", self._original_step)
+        homes, creating = self._homes_before, self.creating
         try:
-            if self._homes_before:
-                homes, creating = self._homes_before, self.creating
+            if homes and len({task_of(d) for d in self.options.devices}) > 1:
+                # Across a cluster's tasks: a silent task must not hang this call for good.
                 run_within(lambda: move_variables(self.model, homes, creating=creating), _MOVE_BACK_SECONDS)
+            elif homes:
+                move_variables(self.model, homes, creating=creating)
         except TimeoutError:
             self.model.make_train_function(force=True)
             raise _state_lost(tf.errors.UnavailableError(
@@ -463,7 +466,11 @@ def _state_lost(error: BaseException) -> KerasflowError:
             "ModelCheckpoint), and report this with the model's code.")
     task = re.search(r"remote target (/job:[\w-]+/replica:\d+/task:\d+)", text)
     address = re.search(r"ipv[46]:(\[[^\]]+\]:\d+|[\d.]+:\d+)", text)
-    where = (task.group(1) if task else "a task of the cluster") + (f" at {address.group(1)}" if address else "")
+    if task:
+        where = task.group(1) + (f" at {address.group(1)}" if address else "")
+    else:  # TensorFlow's message does not say which: ask the tasks
+        where = ", ".join(f"/job:{job}/replica:0/task:{index} at {at}" for job, index, at in silent_tasks()) or (
+            "a task of the cluster")
     return ClusterConnectionError(
         f"kerasflow: {where} stopped answering during fit ({_describe(error)}). The model's variables placed there "
         "are lost with it, so training cannot continue on any placement: restart `python -m kerasflow.worker` on "
