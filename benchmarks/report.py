@@ -28,6 +28,7 @@ import importlib.metadata
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -107,6 +108,18 @@ def memory_bound(graph, preset: str, memory_limit: float | None) -> dict:
         except InsufficientMemoryError:
             found[name] = None
     return found
+
+
+HAND_WRITTEN = "This section is written by hand: `benchmarks/report.py` does not regenerate it."
+
+
+def hand_written_sections(path: str) -> list[str]:
+    """The sections of the existing report that end in ``HAND_WRITTEN``, kept as they are."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        sections = re.split(r"(?m)^(?=## )", handle.read())
+    return [section.rstrip() + "\n" for section in sections if section.rstrip().endswith(HAND_WRITTEN)]
 
 
 def run_testbed(rounds: int, steps: int) -> str:
@@ -324,6 +337,7 @@ def main() -> None:
                    "logical CPUs against TensorFlow's default threading and MirroredStrategy, and the planner's "
                    "predicted step time against the measured one (the simulator's error).\n")
         out.append("```\n" + testbed + "\n```\n")
+    out += hand_written_sections(args.out)
     out.append(PUBLISHED)
     text = "\n".join(out)
     with open(args.out, "w", encoding="utf-8") as handle:
