@@ -363,8 +363,6 @@ def run_within(function, seconds: float):
         >>> run_within(lambda: 6 * 7, 1.0)
         42
     """
-    import threading
-
     outcome: dict = {}
 
     def run():

@@ -400,6 +400,7 @@ class Driver:
         self.applier = None
         object.__setattr__(self.model, "train_step", self._original_step)
         homes, creating = self._homes_before, self.creating
+        lost = None
         try:
             if homes and len({task_of(d) for d in self.options.devices}) > 1:
                 # Across a cluster's tasks: a silent task must not hang this call for good.
@@ -407,15 +408,15 @@ class Driver:
             elif homes:
                 move_variables(self.model, homes, creating=creating)
         except TimeoutError:
-            self.model.make_train_function(force=True)
-            raise _state_lost(tf.errors.UnavailableError(
-                None, None, f"moving the variables back did not finish within {_MOVE_BACK_SECONDS} s")) from None
-        except Exception as lost:  # noqa: BLE001 - named in the error below
+            lost = tf.errors.UnavailableError(
+                None, None, f"moving the variables back did not finish within {_MOVE_BACK_SECONDS} s")
+        except Exception as failure:  # noqa: BLE001 - named in the error below
+            lost = failure
+        self.model.make_train_function(force=True)
+        if lost is not None:
             # The variables' values live only on their planned devices: without them there is
             # no model to train, on any placement.
-            self.model.make_train_function(force=True)
             raise _state_lost(lost) from None
-        self.model.make_train_function(force=True)
 
     def run_on_default(self, iterator):
         """One call of the default train function (after a fallback); a lost cluster task,
