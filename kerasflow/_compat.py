@@ -5,16 +5,17 @@ Everything else in kerasflow asks these functions instead of testing module name
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import tensorflow as tf
+
+from kerasflow.planner.errors import KerasflowError
 
 __all__ = [
     "flavor", "is_keras_model", "variable_handle", "variable_path", "model_variables",
     "optimizer_names", "all_optimizers", "reindex_optimizers", "print_line", "fit_verbosity",
     "optimizer_variables", "metric_variables", "all_layers", "uses_jit", "disable_jit", "is_compiled",
-    "layer_name_of_scope", "train_step", "strategy_scope", "run_step", "has_own_train_step",
+    "strategy_scope", "run_step", "has_own_train_step",
     "model_of_step_function", "compute_loss", "finish_step", "can_move_variables",
 ]
 
@@ -27,19 +28,20 @@ import keras as _keras
 
 
 def flavor(model: Any) -> str:
-    """``"keras3"`` or ``"tf_keras"`` for a model, anything else raises ``TypeError``."""
+    """``"keras3"`` or ``"tf_keras"`` for a model; anything else raises ``KerasflowError``."""
     if isinstance(model, _keras.Model):
         return "keras3"
     if _tf_keras is not None and isinstance(model, _tf_keras.Model):
         return "tf_keras"
-    raise TypeError(f"Expected a Keras model (keras.Model or tf_keras.Model); received {type(model).__name__}.")
+    raise KerasflowError(f"Expected a Keras model (keras.Model or tf_keras.Model); received "
+                         f"{type(model).__name__}. Pass the model itself, built with keras or tf_keras.")
 
 
 def is_keras_model(model: Any) -> bool:
     """True for a Keras 3 or a tf-keras model."""
     try:
         flavor(model)
-    except TypeError:
+    except KerasflowError:
         return False
     return True
 
@@ -195,27 +197,6 @@ def is_compiled(model: Any) -> bool:
     return bool(getattr(model, "_is_compiled", False))
 
 
-_UNIQUIFIED = re.compile(r"^(.*)_\d+$")
-
-
-def layer_name_of_scope(scope: str, layer_names: set[str]) -> str | None:
-    """The innermost layer a name scope belongs to.
-
-    Keras 3 scopes carry TensorFlow's uniquifying suffix (``functional_1/dense_1/...`` for
-    layer ``dense``); tf-keras scopes do not (``model/dense/...``). A component matches a
-    layer by its name, or by its name less one ``_<n>`` suffix.
-    """
-    found = None
-    for part in scope.split("/"):
-        if part in layer_names:
-            found = part
-            continue
-        match = _UNIQUIFIED.match(part)
-        if match and match.group(1) in layer_names:
-            found = match.group(1)
-    return found
-
-
 def strategy_scope(model: Any):
     """The scope of the strategy the model was built under (its optimizer creates slots there)."""
     import contextlib
@@ -241,11 +222,6 @@ def run_step(model: Any, data: Any):
 
     step._kerasflow_internal = True  # FastTStrategy must not take this for the user's fit
     return strategy.run(step, args=(data,))
-
-
-def train_step(model: Any):
-    """The model's ``train_step`` (the function ``fit`` traces for one batch)."""
-    return model.train_step
 
 
 def has_own_train_step(model: Any) -> bool:

@@ -10,7 +10,7 @@ import math
 import sys
 from typing import Sequence
 
-from kerasflow.planner import Cluster, KerasflowError, OpGraph, Plan, baselines, simulate, synthetic
+from kerasflow.planner import Cluster, KerasflowError, OpGraph, Plan, baselines, simulate, step_time_bound, synthetic
 from kerasflow.planner._jsonio import check_writable
 from kerasflow.planner.planning import TICK_TOCK_MODES, candidate_plans, plan as make_plan
 from kerasflow.planner.report import format_bytes, format_table
@@ -113,11 +113,11 @@ def label(candidate: str) -> str:
 
 def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None, *, split: bool = True,
                     memory_limit: float | None = None) -> list[dict]:
-    """Predicted figures of every strategy kerasflow tries, its plan, and the lower bound.
+    """Predicted figures of every strategy kerasflow tries, its plan, and the two bounds.
 
     Returns:
         One dict per strategy: ``name``, ``step_time`` (s), ``peak_memory`` (bytes on the
-        fullest device; None for the bound), ``plan`` (None for the bound). The row named
+        fullest device; None for a bound), ``plan`` (None for a bound). The row named
         ``"kerasflow plan"`` is the one ``kerasflow.plan`` returns.
     """
     batch = batch or graph.batch_size
@@ -130,6 +130,8 @@ def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None, 
     rows.append({**best, "name": f"kerasflow plan ({best['name']})"})
     bound = baselines.lower_bound(graph, cluster, batch)
     rows.append({"name": "lower bound", "step_time": bound.seconds, "peak_memory": None, "plan": None})
+    rows.append({"name": "bound over kerasflow's plans", "step_time": step_time_bound(graph, cluster, batch).seconds,
+                 "peak_memory": None, "plan": None})
     for line in misfits:
         rows.append({"name": label(line.split(":")[0]), "step_time": None, "peak_memory": None, "plan": None,
                      "fits": False})
@@ -169,7 +171,7 @@ def _compare(args) -> int:
 
 def _largest_batches(graph: OpGraph, cluster: Cluster) -> dict[str, str]:
     """Largest batch that fits, per baseline row label (the memory-bound comparison)."""
-    from kerasflow.planner.ticktock import max_batch
+    from kerasflow.planner.maxbatch import max_batch
 
     found = {}
     for strategy, row in (("data_parallel", "data-parallel"), ("layerwise_model_parallel", "layer-wise model-parallel"),

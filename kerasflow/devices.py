@@ -1,10 +1,32 @@
-"""Device helpers: logical CPUs for a multi-device testbed, and the devices kerasflow uses by default."""
+"""Device helpers: logical CPUs for a multi-device testbed, the devices kerasflow uses by default,
+and the one spelling of a device name every module compares."""
 
 from __future__ import annotations
 
+import re
+
 from kerasflow.planner.errors import KerasflowError
 
-__all__ = ["virtual_cpus", "default_devices", "device_kind"]
+__all__ = ["virtual_cpus", "default_devices", "device_kind", "normalize_device", "task_of", "device_type"]
+
+_DEVICE = re.compile(r"device:([A-Za-z]+):(\d+)$", re.IGNORECASE)
+
+
+def normalize_device(device: str) -> str:
+    """A local device's short name, the spelling plans use; a remote device keeps its full name.
+
+    Example:
+        >>> normalize_device("/job:localhost/replica:0/task:0/device:CPU:1")
+        '/CPU:1'
+        >>> normalize_device("/job:worker/replica:0/task:1/device:GPU:0")
+        '/job:worker/replica:0/task:1/device:GPU:0'
+    """
+    if not device:
+        return ""
+    match = _DEVICE.search(device)
+    if match is None or (device.startswith("/job:") and not device.startswith("/job:localhost")):
+        return device
+    return f"/{match.group(1).upper()}:{match.group(2)}"
 
 
 def virtual_cpus(count: int = 4, *, intra_op_threads: int | None = None,
@@ -88,3 +110,26 @@ def device_kind(device: str) -> str:
                 return kind
         return name
     return "GPU"
+
+
+def task_of(device: str) -> str:
+    """The task a device belongs to: ``"/job:worker/replica:0/task:1"``, or ``"local"`` for this process's
+    devices named in short (``"/CPU:0"``).
+
+    Example:
+        >>> task_of("/job:worker/replica:0/task:1/device:GPU:0"), task_of("/GPU:3")
+        ('/job:worker/replica:0/task:1', 'local')
+    """
+    if device.startswith("/job:") and "/device:" in device:
+        return device.split("/device:", 1)[0]
+    return "local"
+
+
+def device_type(device: str) -> str:
+    """``"GPU"`` or ``"CPU"``, from the last part of a device name, short or full.
+
+    Example:
+        >>> device_type("/job:worker/replica:0/task:1/device:GPU:0"), device_type("/CPU:1")
+        ('GPU', 'CPU')
+    """
+    return "GPU" if "GPU" in device.upper().rsplit("/", 1)[-1] else "CPU"

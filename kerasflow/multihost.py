@@ -19,6 +19,7 @@ import time
 import warnings
 from typing import Any, Sequence
 
+from kerasflow.devices import device_type, normalize_device, task_of  # re-exported: device names live there
 from kerasflow.planner.cluster import SAME_PROCESS, Cluster, Device, Link
 from kerasflow.planner.errors import ClusterConnectionError, KerasflowError
 from kerasflow.planner.hardware import DEVICE_SPECS
@@ -384,7 +385,6 @@ def run_within(function, seconds: float):
 def _cluster_devices(local_task: str) -> list[str]:
     import tensorflow as tf
 
-    from kerasflow.strategies.applier import normalize_device
 
     by_task: dict[str, list[str]] = {}
     for device in tf.config.list_logical_devices():
@@ -406,19 +406,6 @@ def _cluster_devices(local_task: str) -> list[str]:
 def _device_sort_key(name: str) -> tuple:
     prefix, _, index = name.rpartition(":")
     return (prefix, int(index) if index.isdigit() else 0)
-
-
-def task_of(device: str) -> str:
-    """The task a device belongs to: ``"/job:worker/replica:0/task:1"``, or ``"local"`` for this process's
-    devices named in short (``"/CPU:0"``).
-
-    Example:
-        >>> task_of("/job:worker/replica:0/task:1/device:GPU:0"), task_of("/GPU:3")
-        ('/job:worker/replica:0/task:1', 'local')
-    """
-    if device.startswith("/job:") and "/device:" in device:
-        return device.split("/device:", 1)[0]
-    return "local"
 
 
 def multihost_cluster(devices: Sequence[str], *, inter_host_link: Link | tuple | str | None = "measure",
@@ -477,14 +464,3 @@ def multihost_cluster(devices: Sequence[str], *, inter_host_link: Link | tuple |
             inter_host_link = intra_host_link
     return Cluster.two_level(built, intra_host_link, inter_host_link,
                              name=name or f"{len(hosts)}-host:{len(devices)}")
-
-
-def device_type(device: str) -> str:
-    """``"GPU"`` or ``"CPU"``, from the last part of a device name, short or full.
-
-    Example:
-        >>> device_type("/job:worker/replica:0/task:1/device:GPU:0"), device_type("/CPU:1")
-        ('GPU', 'CPU')
-    """
-    return "GPU" if "GPU" in device.upper().rsplit("/", 1)[-1] else "CPU"
-

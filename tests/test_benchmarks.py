@@ -36,3 +36,4 @@ def test_the_report_regenerates_from_the_cache(tmp_path):
         assert heading in text
     row = next(line for line in text.splitlines() if line.startswith("vgg16") and "x" in line)
     assert "yes" in row  # FastT never worse than the best baseline
+

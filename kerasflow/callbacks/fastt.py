@@ -34,7 +34,15 @@ class FastT(keras.callbacks.Callback):
         KerasflowError: a device that does not exist, or a bad option.
 
     Example:
-        >>> model.fit(x, y, epochs=5, callbacks=[kerasflow.callbacks.FastT()])  # doctest: +SKIP
+        >>> import keras, numpy as np, kerasflow
+        >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+        ...                           keras.layers.Dense(1)])
+        >>> model.compile(optimizer="adam", loss="mse")
+        >>> callback = kerasflow.callbacks.FastT(verbose=0)
+        >>> x, y = np.ones((512, 8), "float32"), np.ones((512, 1), "float32")
+        >>> _ = model.fit(x, y, batch_size=32, verbose=0, callbacks=[callback])
+        >>> callback.plan_in_force
+        True
     """
 
     def __init__(self, devices: list[str] | None = None, cluster: Cluster | str | None = None,

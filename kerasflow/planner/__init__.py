@@ -40,6 +40,7 @@ from .simulator import SimulationResult, Transfer, simulate
 # Imported last: binds ``kerasflow.planner.plan`` to the function (the module stays
 # importable as ``kerasflow.planner.plan`` through sys.modules for ``Plan``).
 from .planning import plan  # noqa: E402
+from .bounds import StepTimeBound, step_time_bound  # noqa: E402
 
 __all__ = [
     "Affine", "Op", "Edge", "OpGraph", "PHASES",
@@ -48,6 +49,7 @@ __all__ = [
     "simulate", "SimulationResult", "Transfer",
     "plan", "heft", "cpop",
     "single_device", "data_parallel", "layerwise_model_parallel", "lower_bound", "LowerBound",
+    "step_time_bound", "StepTimeBound",
     "KerasflowError", "InvalidGraphError", "InvalidClusterError", "InvalidPlanError",
     "FileFormatError", "SimulationError", "InsufficientMemoryError", "ProfilingError",
     "ClusterConnectionError",

@@ -20,7 +20,7 @@ from .errors import InvalidPlanError
 from .graph import OpGraph
 from .plan import DataParallel, Plan
 from .simulator import simulate
-from .taskgraph import batch_ops
+from .graphtables import batch_ops
 
 __all__ = ["single_device", "data_parallel", "layerwise_model_parallel", "lower_bound",
            "LowerBound", "fastest_device", "with_prediction"]

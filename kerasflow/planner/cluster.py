@@ -74,9 +74,15 @@ class Device:
             object.__setattr__(self, "launch_overhead", spec.launch_overhead if spec else 5e-6)
         _positive(self.launch_overhead, f"device {self.name!r}: field 'launch_overhead'", zero_ok=True)
 
-    def copy_seconds(self, nbytes: float) -> float:
-        """Seconds a local copy of ``nbytes`` takes (read + write), launch included."""
-        return self.launch_overhead + 2.0 * nbytes / self.memory_bandwidth
+    def copy_seconds(self, read_bytes: float, write_bytes: float) -> float:
+        """Seconds a local copy kernel takes to read ``read_bytes`` and write ``write_bytes``
+        (a split, concat or gradient sum), its launch included.
+
+        Example:
+            >>> Device("/GPU:0", "V100", 2**34, memory_bandwidth=1e9, launch_overhead=1e-5).copy_seconds(1e6, 1e6)
+            0.00201
+        """
+        return self.launch_overhead + (read_bytes + write_bytes) / self.memory_bandwidth
 
 
 class Link(NamedTuple):
@@ -279,10 +285,6 @@ class Cluster:
     def kinds(self) -> list[str]:
         """Distinct device kinds, in device order."""
         return list(dict.fromkeys(d.kind for d in self._devices))
-
-    def with_links(self, links: Mapping[tuple[str, str], Link | tuple]) -> "Cluster":
-        """A copy with some links overridden (e.g. by measured figures)."""
-        return Cluster(self._devices, self._default, {**self._links, **dict(links)}, name=self._name)
 
     def subset(self, names: Iterable[str]) -> "Cluster":
         """A cluster of only the named devices, links kept."""

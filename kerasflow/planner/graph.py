@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from . import _jsonio
 from .errors import InvalidGraphError
+from .toposort import topological_order
 
 __all__ = ["Affine", "Op", "Edge", "OpGraph", "PHASES", "GRAPH_FORMAT_VERSION"]
 
@@ -300,19 +301,9 @@ class _Structure:
         self.cache: dict = {}
 
     def _topological(self, n: int) -> tuple[int, ...]:
-        missing = [len(p) for p in self.preds]
-        # Kahn's algorithm seeded in op order keeps the result deterministic.
-        stack = [i for i in range(n - 1, -1, -1) if missing[i] == 0]
-        order = []
-        while stack:
-            i = stack.pop()
-            order.append(i)
-            for j in reversed(self.succs[i]):
-                missing[j] -= 1
-                if missing[j] == 0:
-                    stack.append(j)
-        if len(order) != n:
-            raise _CycleFound([i for i in range(n) if missing[i] > 0])
+        order, stuck = topological_order(self.succs)
+        if stuck:
+            raise _CycleFound(stuck)
         return tuple(order)
 
 

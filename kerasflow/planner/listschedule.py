@@ -122,73 +122,19 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
     for position, t in enumerate(topological_tasks(tg)):
         topo_position[t] = position
 
-    # Colocation groups of single-copy op tasks; with layer affinity, a layer's ops too.
-    parent = list(range(n))
-
-    def root(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    first_of: dict[tuple[str, str], int] = {}
-    grouped = [False] * n
-    copies_of_op: dict[int, int] = {}
-    for t in range(n):
-        if tg.role[t] == "op":
-            copies_of_op[tg.base[t]] = copies_of_op.get(tg.base[t], 0) + 1
-    for t in range(n):
-        # (Wave, shard and replica copies run where their plan puts them.)
-        if tg.role[t] != "op" or copies_of_op[tg.base[t]] > 1:
-            continue
-        op = graph.ops[tg.base[t]]
-        keys = [("colocation", op.colocation)] if op.colocation is not None else []
-        if affinity == "layer" and op.layer is not None:
-            keys.append(("layer", op.layer))
-        for key in keys:
-            grouped[t] = True
-            other = first_of.setdefault(key, t)
-            parent[root(t)] = root(other)
-    group_of = [-1] * n
-    group_names: list[int] = []
-    group_index: dict[int, int] = {}
-    for t in range(n):
-        if grouped[t]:
-            r = root(t)
-            g = group_index.setdefault(r, len(group_names))
-            if g == len(group_names):
-                group_names.append(r)
-            group_of[t] = g
-    group_device = [-1] * len(group_names)
-    group_persistent = [0.0] * len(group_names)
-    for t in range(n):
-        if group_of[t] >= 0:
-            group_persistent[group_of[t]] += tg.persistent[t]
-            if fixed[t] >= 0:
-                group_device[group_of[t]] = fixed[t]
-    group_work = [[0.0] * len(class_costs) for _ in group_names]
-    shard_devices: dict[int, list[int]] = {}
-    for t in range(n):
-        if group_of[t] >= 0:
-            for c in range(len(class_costs)):
-                group_work[group_of[t]][c] += class_costs[c][t]
-        if fixed[t] >= 0 and tg.shard[t] >= 0:
-            devices_of = shard_devices.setdefault(tg.base[t], [])
-            if fixed[t] not in devices_of:
-                devices_of.append(fixed[t])
+    groups = _scheduling_groups(tg, graph, fixed, class_costs, affinity)
+    group_of, group_device, group_persistent = groups.group_of, groups.device, groups.persistent
+    group_work, shard_devices = groups.work, groups.shard_devices
     homed_work = [0.0] * num_devices
-    deferred_members: list[list[int]] = [[] for _ in group_names]
-    deferred_cost = [[0.0] * len(class_costs) for _ in group_names]
+    deferred_members: list[list[int]] = [[] for _ in group_device]
+    deferred_cost = [[0.0] * len(class_costs) for _ in group_device]
     is_deferred = [False] * n
 
     device = [-1] * n
     start = [0.0] * n
     finish = [0.0] * n
-    # Per device: its idle gaps (sorted; the last one is open-ended) and its tasks by start.
-    gap_starts: list[list[float]] = [[0.0] for _ in range(num_devices)]
-    gap_ends: list[list[float]] = [[float("inf")] for _ in range(num_devices)]
-    task_starts: list[list[float]] = [[] for _ in range(num_devices)]
-    sequence: list[list[int]] = [[] for _ in range(num_devices)]
+    timelines = _Timelines(num_devices)
+    slot = timelines.slot
     live = [0.0] * num_devices
     out_total = [sum(sizes) for sizes in tg.out_sizes]
     waiting_consumers = [sum(len(c) for _, _, c in entries) for entries in outputs]
@@ -208,28 +154,9 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
         begin = finish[p] if finish[p] > link_free[dp][d] else link_free[dp][d]
         return begin + latency[dp][d] + nbytes * inverse[dp][d], True
 
-    def slot(d: int, ready: float, duration: float) -> tuple[float, int]:
-        """The earliest start at or after ``ready`` in an idle gap of ``d``, and that gap."""
-        gs, ge = gap_starts[d], gap_ends[d]
-        q = bisect_left(ge, ready)
-        while True:
-            begin = gs[q] if gs[q] > ready else ready
-            if begin + duration <= ge[q]:
-                return begin, q
-            q += 1
-
     def place(t: int, d: int, ready: float) -> None:
         duration = class_costs[device_class[d]][t]
-        begin, q = slot(d, ready, duration)
-        if duration > 0:
-            gs, ge = gap_starts[d], gap_ends[d]
-            low, high = gs[q], ge[q]
-            pieces = [(a, b) for a, b in ((low, begin), (begin + duration, high)) if b > a]
-            gs[q:q + 1] = [a for a, _ in pieces]
-            ge[q:q + 1] = [b for _, b in pieces]
-        position = bisect_right(task_starts[d], begin)
-        task_starts[d].insert(position, begin)
-        sequence[d].insert(position, t)
+        begin = timelines.occupy(d, t, ready, duration)
         device[t], start[t], finish[t] = d, begin, begin + duration
 
     def release(t: int) -> None:
@@ -327,13 +254,8 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
             if best is None or key < best[0]:
                 best = (key, d)
         if best is None:
-            op_name = graph.ops[tg.base[t]].name if tg.base[t] >= 0 else tg.names[t]
-            raise InsufficientMemoryError(
-                f"No device can hold op {op_name!r}: it needs {_bytes(smallest_need)} (its outputs, "
-                f"temp bytes, the weights it brings and the inputs it receives) but at most "
-                f"{_bytes(max(largest_free, 0.0))} is free on any device it may use (budgets "
-                f"{_bytes(min(budgets))} to {_bytes(max(budgets))}). Ways out: more devices, a smaller "
-                "batch, Tick-Tock waves (tick_tock='on'), or a larger memory_limit.")
+            raise _fits_nowhere(graph.ops[tg.base[t]].name if tg.base[t] >= 0 else tg.names[t], smallest_need,
+                                largest_free, budgets)
         d = best[1]
         for x in sorted(pending_groups):
             bind(x, d)
@@ -358,7 +280,116 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
         if members:
             bind(g, min(range(num_devices), key=lambda d: (live[d] / budgets[d], d)))
     makespan = max(finish, default=0.0)
-    return Schedule(device, start, finish, sequence, makespan)
+    return Schedule(device, start, finish, timelines.sequence, makespan)
+
+
+class _Timelines:
+    """Per device: its idle gaps (sorted; the last one is open-ended) and its tasks by start."""
+
+    def __init__(self, count: int):
+        self.gap_starts: list[list[float]] = [[0.0] for _ in range(count)]
+        self.gap_ends: list[list[float]] = [[float("inf")] for _ in range(count)]
+        self.task_starts: list[list[float]] = [[] for _ in range(count)]
+        self.sequence: list[list[int]] = [[] for _ in range(count)]
+
+    def slot(self, d: int, ready: float, duration: float) -> tuple[float, int]:
+        """The earliest start at or after ``ready`` in an idle gap of ``d``, and that gap."""
+        gs, ge = self.gap_starts[d], self.gap_ends[d]
+        q = bisect_left(ge, ready)
+        while True:
+            begin = gs[q] if gs[q] > ready else ready
+            if begin + duration <= ge[q]:
+                return begin, q
+            q += 1
+
+    def occupy(self, d: int, t: int, ready: float, duration: float) -> float:
+        """Puts task ``t`` in the earliest gap of ``d`` that fits it; returns its start."""
+        begin, q = self.slot(d, ready, duration)
+        if duration > 0:
+            gs, ge = self.gap_starts[d], self.gap_ends[d]
+            low, high = gs[q], ge[q]
+            pieces = [(a, b) for a, b in ((low, begin), (begin + duration, high)) if b > a]
+            gs[q:q + 1] = [a for a, _ in pieces]
+            ge[q:q + 1] = [b for _, b in pieces]
+        position = bisect_right(self.task_starts[d], begin)
+        self.task_starts[d].insert(position, begin)
+        self.sequence[d].insert(position, t)
+        return begin
+
+
+@dataclass
+class _Groups:
+    """The colocation groups a list schedule places whole (see ``_scheduling_groups``)."""
+
+    group_of: list[int]  # per task, its group or -1
+    device: list[int]  # per group, its device once bound, or -1
+    persistent: list[float]  # per group, the bytes of its variables
+    work: list[list[float]]  # per group, per device class, the seconds of its members
+    shard_devices: dict[int, list[int]]  # per split op, the devices of its shards
+
+
+def _scheduling_groups(tg: TaskGraph, graph: OpGraph, fixed: list[int], class_costs: list[list[float]],
+                       affinity: str) -> _Groups:
+    """Groups of single-copy op tasks that share a colocation group (a variable, its reads and
+    updates) and, with layer affinity, a layer; wave, shard and replica copies stay apart (they
+    run where their plan puts them)."""
+    n = len(tg)
+    parent = list(range(n))
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    first_of: dict[tuple[str, str], int] = {}
+    grouped = [False] * n
+    copies_of_op: dict[int, int] = {}
+    for t in range(n):
+        if tg.role[t] == "op":
+            copies_of_op[tg.base[t]] = copies_of_op.get(tg.base[t], 0) + 1
+    for t in range(n):
+        if tg.role[t] != "op" or copies_of_op[tg.base[t]] > 1:
+            continue
+        op = graph.ops[tg.base[t]]
+        keys = [("colocation", op.colocation)] if op.colocation is not None else []
+        if affinity == "layer" and op.layer is not None:
+            keys.append(("layer", op.layer))
+        for key in keys:
+            grouped[t] = True
+            other = first_of.setdefault(key, t)
+            parent[root(t)] = root(other)
+    group_of = [-1] * n
+    group_index: dict[int, int] = {}
+    for t in range(n):
+        if grouped[t]:
+            group_of[t] = group_index.setdefault(root(t), len(group_index))
+    count = len(group_index)
+    group_device = [-1] * count
+    group_persistent = [0.0] * count
+    group_work = [[0.0] * len(class_costs) for _ in range(count)]
+    shard_devices: dict[int, list[int]] = {}
+    for t in range(n):
+        g = group_of[t]
+        if g >= 0:
+            group_persistent[g] += tg.persistent[t]
+            if fixed[t] >= 0:
+                group_device[g] = fixed[t]
+            for c in range(len(class_costs)):
+                group_work[g][c] += class_costs[c][t]
+        if fixed[t] >= 0 and tg.shard[t] >= 0:
+            devices_of = shard_devices.setdefault(tg.base[t], [])
+            if fixed[t] not in devices_of:
+                devices_of.append(fixed[t])
+    return _Groups(group_of, group_device, group_persistent, group_work, shard_devices)
+
+
+def _fits_nowhere(op_name: str, need: float, largest_free: float, budgets: list[float]) -> InsufficientMemoryError:
+    return InsufficientMemoryError(
+        f"No device can hold op {op_name!r}: it needs {_bytes(need)} (its outputs, temp bytes, the weights it "
+        f"brings and the inputs it receives) but at most {_bytes(max(largest_free, 0.0))} is free on any device "
+        f"it may use (budgets {_bytes(min(budgets))} to {_bytes(max(budgets))}). Ways out: more devices, a "
+        "smaller batch, Tick-Tock waves (tick_tock='on'), or a larger memory_limit.")
 
 
 def scheduling_tasks(graph: OpGraph, cluster: Cluster, splits, batch: float) -> tuple[TaskGraph, list[int]]:

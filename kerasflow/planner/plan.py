@@ -329,10 +329,6 @@ class Plan:
             waves=waves, data_parallel=data_parallel,
             predicted_peak_memory={rename(d): b for d, b in self.predicted_peak_memory.items()})
 
-    def with_predictions(self, **fields) -> "Plan":
-        """A copy with some fields replaced (``dataclasses.replace``)."""
-        return dataclasses.replace(self, **fields)
-
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
         """The plan as JSON-ready data."""

@@ -59,16 +59,7 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
     unknown = sorted(set(candidates) - set(CANDIDATES))
     if unknown:
         raise InvalidPlanError(f"Unknown candidate(s) {unknown}; choose from {list(CANDIDATES)}.")
-    if tick_tock not in TICK_TOCK_MODES:
-        raise InvalidPlanError(f"tick_tock must be one of {TICK_TOCK_MODES}; received {tick_tock!r}.")
-    coupled = batch_coupled_ops(graph)
-    if tick_tock == "on" and coupled:
-        warnings.warn(
-            f"tick_tock='on' runs the batch as two micro-batches, which changes the result of ops that "
-            f"couple the samples of a batch ({coupled[:3]}{'...' if len(coupled) > 3 else ''}, e.g. "
-            "BatchNormalization statistics come from each wave). Use tick_tock='auto' to avoid waves "
-            "for this model.", stacklevel=2)
-    waves_wanted = tick_tock == "on" or (tick_tock == "auto" and not coupled)
+    waves_wanted = _waves_wanted(graph, tick_tock)
     batch = batch_size or graph.batch_size
     budgets = memory_budgets(cluster, memory_limit, memory_headroom)
     options = {"batch_size": batch, "memory_limit": memory_limit, "memory_headroom": memory_headroom}
@@ -77,19 +68,7 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
         peaks = candidate.predicted_peak_memory
         return all(peaks.get(d, 0.0) <= b * (1 + 1e-9) for d, b in zip(cluster.device_names, budgets))
 
-    makers: dict[str, Callable[..., Plan]] = {
-        "single_device": lambda **_: baselines.single_device(graph, cluster, batch=batch),
-        "data_parallel": lambda **_: baselines.data_parallel(graph, cluster, batch=batch),
-        # Several hosts: data parallelism inside the strongest host only, where the network
-        # would cost more than the other hosts' devices give.
-        "data_parallel_one_host": lambda **_: baselines.data_parallel(
-            graph, cluster, devices=strongest_host(cluster), batch=batch),
-        "layerwise_model_parallel": lambda **_: baselines.layerwise_model_parallel(graph, cluster, batch=batch),
-        "heft": lambda splits=None: heft(graph, cluster, splits=splits, **options),
-        "heft-layers": lambda splits=None: heft(graph, cluster, splits=splits, affinity="layer", **options),
-        "cpop": lambda splits=None: cpop(graph, cluster, splits=splits, **options),
-        "cpop-layers": lambda splits=None: cpop(graph, cluster, splits=splits, affinity="layer", **options),
-    }
+    makers = _makers(graph, cluster, batch, options)
     if len(cluster) < 2:
         candidates = ("single_device",)
     if not replicated:
@@ -102,7 +81,7 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
 
     def consider(name: str, make: Callable[[], Plan]) -> None:
         try:
-            candidate = order_if_faster(make(), graph, cluster, fits)
+            candidate = make()
         except InsufficientMemoryError as error:
             misfits.append(f"{name}: {error}")
             return
@@ -125,28 +104,16 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
     for name in candidates:
         consider(name, makers[name])
     schedulers = [n for n in results if n in ("heft", "heft-layers", "cpop", "cpop-layers")]
-    if split and schedulers and len(cluster) > 1:
+    if schedulers:
+        # Only the best list schedule is re-simulated without its order: one simulation
+        # more per plan() instead of one per candidate keeps planning within its time budget.
         base_name = min(schedulers, key=lambda n: (results[n].predicted_step_time, candidates.index(n)))
-
-        def schedule(splits):
-            candidate = makers[base_name](splits=splits)
-            if not fits(candidate):
-                raise InsufficientMemoryError("split plan exceeds a device's memory budget")
-            return candidate
-
-        start = results[base_name]
-        hybrid = hybrid_splits(graph, cluster, start)
-        if hybrid:
-            consider(f"{base_name}+hybrid", lambda: schedule(hybrid))
-            start = min((start, results.get(f"{base_name}+hybrid", start)), key=lambda p: p.predicted_step_time)
-        best_split, _ = split_search(graph, cluster, start, schedule,
-                                     max_evaluations=max_split_evaluations, progress=lambda _: bar.update(1))
-        best_split = order_if_faster(best_split, graph, cluster, fits)
-        if best_split.splits:
-            name = f"{base_name}+split"
-            results[name] = computed[name] = dataclasses.replace(best_split, algorithm=name)
-        if progress is not None:
-            progress(f"{base_name}+split")
+        results[base_name] = computed[base_name] = order_if_faster(results[base_name], graph, cluster, fits)
+        if split and len(cluster) > 1:
+            _add_split_candidate(graph, cluster, base_name, makers[base_name], results, computed, consider, fits,
+                                 max_split_evaluations, lambda: bar.update(1))
+            if progress is not None:
+                progress(f"{base_name}+split")
     try:
         if waves_wanted:
             _add_wave_candidates(graph, cluster, batch, computed, consider, replicated)
@@ -159,6 +126,62 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
             "Ways out: more devices, a smaller batch, Tick-Tock waves (tick_tock='on'), or a larger "
             "memory_limit. Details: " + " | ".join(misfits))
     return results, misfits
+
+
+def _waves_wanted(graph: OpGraph, tick_tock: str) -> bool:
+    """Whether Tick-Tock candidates are tried (``tick_tock`` checked; "on" warns on batch-coupled ops)."""
+    if tick_tock not in TICK_TOCK_MODES:
+        raise InvalidPlanError(f"tick_tock must be one of {TICK_TOCK_MODES}; received {tick_tock!r}.")
+    coupled = batch_coupled_ops(graph)
+    if tick_tock == "on" and coupled:
+        warnings.warn(
+            f"tick_tock='on' runs the batch as two micro-batches, which changes the result of ops that "
+            f"couple the samples of a batch ({coupled[:3]}{'...' if len(coupled) > 3 else ''}, e.g. "
+            "BatchNormalization statistics come from each wave). Use tick_tock='auto' to avoid waves "
+            "for this model.", stacklevel=3)
+    return tick_tock == "on" or (tick_tock == "auto" and not coupled)
+
+
+def _makers(graph: OpGraph, cluster: Cluster, batch: int, options: dict) -> dict[str, Callable[..., Plan]]:
+    """Per candidate name, the function that builds it (list schedules take ``splits``)."""
+    return {
+        "single_device": lambda **_: baselines.single_device(graph, cluster, batch=batch),
+        "data_parallel": lambda **_: baselines.data_parallel(graph, cluster, batch=batch),
+        # Several hosts: data parallelism inside the strongest host only, where the network
+        # would cost more than the other hosts' devices give.
+        "data_parallel_one_host": lambda **_: baselines.data_parallel(
+            graph, cluster, devices=strongest_host(cluster), batch=batch),
+        "layerwise_model_parallel": lambda **_: baselines.layerwise_model_parallel(graph, cluster, batch=batch),
+        "heft": lambda splits=None: heft(graph, cluster, splits=splits, **options),
+        "heft-layers": lambda splits=None: heft(graph, cluster, splits=splits, affinity="layer", **options),
+        "cpop": lambda splits=None: cpop(graph, cluster, splits=splits, **options),
+        "cpop-layers": lambda splits=None: cpop(graph, cluster, splits=splits, affinity="layer", **options),
+    }
+
+
+def _add_split_candidate(graph: OpGraph, cluster: Cluster, base_name: str, make: Callable[..., Plan],
+                         results: dict[str, Plan], computed: dict[str, Plan],
+                         consider: Callable[[str, Callable[[], Plan]], None], fits: Callable[[Plan], bool],
+                         max_evaluations: int, tick: Callable[[], None]) -> None:
+    """FastT's critical-path splitting from the best list schedule (or its data-parallel-like
+    hybrid, when that is faster), kept as ``<base>+split`` when it splits anything."""
+    def schedule(splits):
+        candidate = make(splits=splits)
+        if not fits(candidate):
+            raise InsufficientMemoryError("split plan exceeds a device's memory budget")
+        return candidate
+
+    start = results[base_name]
+    hybrid = hybrid_splits(graph, cluster, start)
+    if hybrid:
+        consider(f"{base_name}+hybrid", lambda: schedule(hybrid))
+        start = min((start, results.get(f"{base_name}+hybrid", start)), key=lambda p: p.predicted_step_time)
+    best_split, _ = split_search(graph, cluster, start, schedule, max_evaluations=max_evaluations,
+                                 progress=lambda _: tick())
+    best_split = order_if_faster(best_split, graph, cluster, fits)
+    if best_split.splits:
+        name = f"{base_name}+split"
+        results[name] = computed[name] = dataclasses.replace(best_split, algorithm=name)
 
 
 def order_if_faster(candidate: Plan, graph: OpGraph, cluster: Cluster,

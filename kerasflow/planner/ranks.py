@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from .cluster import Cluster
 from .graph import OpGraph
-from .taskgraph import TaskGraph, _durations
+from .graphtables import durations
+from .taskgraph import TaskGraph
+from .toposort import topological_order
 
 __all__ = ["TaskCosts", "upward_ranks", "downward_ranks", "critical_path", "topological_tasks",
            "predecessors", "average_link"]
@@ -45,7 +47,8 @@ class TaskCosts:
         keys = [(d.kind, d.speed, d.memory_bandwidth, d.launch_overhead) for d in devices]
         self.classes = list(dict.fromkeys(keys))
         self.device_class = [self.classes.index(k) for k in keys]
-        self.by_class = [self._costs(tg, graph, key) for key in self.classes]
+        first_of_class = [devices[keys.index(k)] for k in self.classes]
+        self.by_class = [self._costs(tg, graph, device) for device in first_of_class]
         count = len(devices)
         weights = [self.device_class.count(c) / count for c in range(len(self.classes))]
         n = len(tg)
@@ -60,17 +63,17 @@ class TaskCosts:
         self.average = average
 
     @staticmethod
-    def _costs(tg: TaskGraph, graph: OpGraph, key) -> list[float]:
-        kind, speed, bandwidth, launch = key
+    def _costs(tg: TaskGraph, graph: OpGraph, device) -> list[float]:
+        kind, speed = device.kind, device.speed
         if tg.shared is not None:  # one task per op, all at the graph's batch
-            return _durations(graph, kind, speed, tg.size[0] if len(tg) else 1.0)
+            return durations(graph, kind, speed, tg.size[0] if len(tg) else 1.0)
         ops = graph.ops
         costs = []
         for t, role in enumerate(tg.role):
             if role == "op":
                 costs.append(ops[tg.base[t]].duration(kind, tg.size[t], speed))
             elif role in ("split", "concat", "sum"):
-                costs.append(launch + tg.size[t] / bandwidth)
+                costs.append(device.copy_seconds(tg.size[t], 0.0))  # size: bytes read + written
             else:
                 costs.append(tg.duration[t])
         return costs
@@ -102,19 +105,13 @@ def predecessors(tg: TaskGraph) -> list[list[tuple[int, float]]]:
 
 
 def topological_tasks(tg: TaskGraph) -> list[int]:
-    """Task ids with every producer before its consumers (ties by task id)."""
-    missing = list(tg.npreds)
-    stack = [t for t in range(len(tg) - 1, -1, -1) if missing[t] == 0]
-    order = []
-    while stack:
-        t = stack.pop()
-        order.append(t)
-        for _, _, consumers in reversed(tg.outputs[t]):
-            for c in reversed(consumers):
-                missing[c] -= 1
-                if missing[c] == 0:
-                    stack.append(c)
-    return order
+    """Task ids with every producer before its consumers (depth-first, ties by task id)."""
+    return topological_order(task_successors(tg), tg.npreds)[0]
+
+
+def task_successors(tg: TaskGraph) -> list[list[int]]:
+    """Per task, its consumers, one entry per edge, in output order."""
+    return [[c for _, _, consumers in entries for c in consumers] for entries in tg.outputs]
 
 
 def upward_ranks(tg: TaskGraph, average: list[float], link: tuple[float, float],

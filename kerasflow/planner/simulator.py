@@ -22,6 +22,7 @@ from .errors import SimulationError
 from .graph import OpGraph
 from .plan import Plan
 from .taskgraph import TaskGraph, build_task_graph
+from .tasknames import replica_template
 
 __all__ = ["simulate", "run_task_graph", "SimulationResult", "Transfer"]
 
@@ -344,13 +345,14 @@ def _result(tg: TaskGraph, start, end, transfers, memory: bool) -> SimulationRes
         home = tg.replica_home
         first = names[home]
         local = [t for t in range(n) if tg.resource[t] == home]
+        templates = [replica_template(tg.names[t]) for t in local]
         for r, d in enumerate(tg.mirrors, start=1):
             mirror = names[d]
             busy[mirror], utilization[mirror] = busy[first], utilization[first]
             if memory:
                 peak[mirror], timeline[mirror] = peak[first], timeline[first]
-            for t in local:
-                task_names.append(tg.names[t].replace("@r0", f"@r{r}"))
+            for t, (head, tail) in zip(local, templates):
+                task_names.append(head if tail is None else f"{head}@r{r}{tail}")
                 start.append(start[t])
                 end.append(end[t])
                 task_device.append(mirror)

@@ -24,7 +24,8 @@ from .graph import OpGraph
 from .plan import Plan, Shard
 from .ranks import predecessors
 from .simulator import SimulationResult, run_task_graph
-from .taskgraph import TaskGraph, batch_ops, build_task_graph
+from .graphtables import batch_ops
+from .taskgraph import TaskGraph, build_task_graph
 
 __all__ = ["splittable_layers", "layer_weight_bytes", "split_pays", "critical_tasks", "split_search",
            "balanced_shards"]

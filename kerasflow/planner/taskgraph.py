@@ -13,11 +13,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from .cluster import Cluster
-from .errors import InvalidPlanError
 from .graph import Affine, OpGraph
+from .graphtables import durations, static_tables
 from .plan import Plan
+from .planchecks import attach_orders, resolve_plan
+from .tasknames import auxiliary_name, barrier_name, copy_name
 
-__all__ = ["TaskGraph", "build_task_graph", "batch_ops", "AUXILIARY_ROLES"]
+__all__ = ["TaskGraph", "build_task_graph", "AUXILIARY_ROLES", "FUSION_BUFFER_BYTES"]
 
 # All-reduce libraries fuse gradients into buffers before reducing them (Horovod's tensor
 # fusion: 64 MiB; PyTorch DDP's buckets: 25 MiB; tf.distribute's NCCL all-reduce packs the
@@ -27,7 +29,6 @@ __all__ = ["TaskGraph", "build_task_graph", "batch_ops", "AUXILIARY_ROLES"]
 FUSION_BUFFER_BYTES = 25 * 2**20
 
 AUXILIARY_ROLES = ("split", "concat", "sum", "allreduce", "barrier")
-_BATCH_PHASES = ("forward", "backward")
 
 
 class TaskGraph:
@@ -49,8 +50,11 @@ class TaskGraph:
         size: what a task's duration scales with: the samples an op task processes, the
             bytes a split/concat/sum reads and writes (0 for the rest).
         orders: per device, the task ids of its order, or None (priority mode).
-        devices: the cluster's device names; ``ring_bytes``/``ring_seconds`` describe the
-            all-reduce figures used.
+        devices: the cluster's device names.
+        mirrors, replica_home: with data parallelism over identical devices only replica 0
+            is simulated (on ``replica_home``); ``mirrors`` are the other replicas' devices.
+        memory_tables, shared: tables the simulator's memory pass builds once, and the
+            per-graph cache they are kept in when the tasks are the graph's own ops.
     """
 
     def __init__(self, devices: Sequence[str]):
@@ -71,12 +75,8 @@ class TaskGraph:
         self.priority: list[float] = []
         self.size: list[float] = []
         self.orders: list[list[int] | None] = [None] * len(self.devices)
-        # numpy tables the simulator's memory pass builds once; ``shared`` is the
-        # per-graph cache they are stored in when the tasks are the graph's own ops.
         self.memory_tables = None
         self.shared: dict | None = None
-        # Data parallelism over identical devices simulates replica 0 only; these are the
-        # other replicas' devices, whose figures mirror replica 0's.
         self.mirrors: list[int] = []
         self.replica_home = -1
 
@@ -108,36 +108,6 @@ class TaskGraph:
         return len(self.names) - 1
 
 
-def batch_ops(graph: OpGraph) -> list[bool]:
-    """Which ops run once per sample slice (copied per wave, shard and replica).
-
-    Forward and backward ops are, except those colocated with a variable (reads of the
-    weights): they run once and send the weights to every copy.
-    """
-    cached = graph._structure.cache.get("batch_ops")
-    if cached is None:
-        anchored = {op.colocation for op in graph.ops if op.persistent_bytes and op.colocation}
-        cached = [
-            op.phase in _BATCH_PHASES and not op.persistent_bytes and op.colocation not in anchored
-            for op in graph.ops
-        ]
-        graph._structure.cache["batch_ops"] = cached
-    return cached
-
-
-def _colocation_groups(graph: OpGraph) -> list[tuple[str, list[int]]]:
-    """(group, op indices) for every colocation group of more than one op."""
-    cached = graph._structure.cache.get("colocation")
-    if cached is None:
-        groups: dict[str, list[int]] = {}
-        for i, op in enumerate(graph.ops):
-            if op.colocation is not None:
-                groups.setdefault(op.colocation, []).append(i)
-        cached = [(g, m) for g, m in groups.items() if len(m) > 1]
-        graph._structure.cache["colocation"] = cached
-    return cached
-
-
 def build_task_graph(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float | None = None) -> TaskGraph:
     """Expands a plan into tasks, validating it on the way.
 
@@ -159,99 +129,27 @@ class _Builder:
     def __init__(self, graph: OpGraph, cluster: Cluster, plan: Plan, batch):
         self.graph, self.cluster, self.plan = graph, cluster, plan
         self.batch = float(batch or plan.batch_size or graph.batch_size)
-        self.dev_index = {name: i for i, name in enumerate(cluster.device_names)}
         self.devices = cluster.devices
         self.tg = TaskGraph(cluster.device_names)
 
     @property
     def rank(self) -> list[int]:
         """Each op's position in topological order (the priority of its tasks), built once per graph."""
-        return _static_tables(self.graph, self.batch)["priority"]
-
-    # ------------------------------------------------------------------ checks
-    def _device(self, name: str, what: str) -> int:
-        index = self.dev_index.get(name)
-        if index is None:
-            raise InvalidPlanError(
-                f"{what} names device {name!r}, which is not in cluster {self.cluster.name!r} "
-                f"(devices: {self.cluster.device_names}). Replan for this cluster or fix the device.")
-        return index
-
-    def _check(self) -> None:
-        graph, plan = self.graph, self.plan
-        ops = graph.ops
-        self.is_batch = batch_ops(graph)
-        if plan.data_parallel is None:
-            placement = plan.placement
-            dev_index = self.dev_index
-            try:
-                self.place = [dev_index[placement[op.name]] for op in ops]
-            except KeyError:
-                self.place = [self._placed(op.name) for op in ops]
-            if len(placement) != len(ops):
-                unknown = [name for name in placement if name not in graph]
-                raise InvalidPlanError(
-                    f"The plan places {len(unknown)} op(s) the graph does not have, e.g. "
-                    f"{unknown[:3]}; it was made for another graph (fingerprint "
-                    f"{plan.graph_fingerprint or 'unknown'}, graph's {graph.fingerprint()}). Replan.")
-            place = self.place
-            for group, members in _colocation_groups(graph):
-                device = place[members[0]]
-                for i in members:
-                    if place[i] != device:
-                        raise InvalidPlanError(
-                            f"colocation group {group!r} is split: op {ops[members[0]].name!r} is on "
-                            f"{placement[ops[members[0]].name]!r} but op {ops[i].name!r} is on "
-                            f"{placement[ops[i].name]!r}. A variable, its reads and its updates must "
-                            "share one device.")
-        else:
-            self.replica_devices = [self._device(d, "data_parallel") for d in plan.data_parallel.devices]
-        layers = graph.layers() if plan.splits else {}
-        self.shards_of_layer: dict[str, tuple[tuple[int, float], ...]] = {}
-        for layer, shards in plan.splits.items():
-            if layer not in layers:
-                raise InvalidPlanError(
-                    f"The plan splits layer {layer!r}, which the graph does not have "
-                    f"(layers: {sorted(layers)[:8]}...). Replan for this graph.")
-            for name in layers[layer]:
-                op = graph.op(name)
-                if self.is_batch[graph.index(name)] and not op.splittable:
-                    raise InvalidPlanError(
-                        f"layer {layer!r} cannot be split: its op {name!r}"
-                        f"{f' ({op.type})' if op.type else ''} has no batch "
-                        "axis (it couples the samples of a batch). Remove the split.")
-            self.shards_of_layer[layer] = tuple(
-                (self._device(s.device, f"split of layer {layer!r}"), s.fraction) for s in shards)
-        waves = plan.waves
-        self.wave_count = waves.count if waves is not None else 1
-        self.wave_fraction = [waves.fraction(w) if waves else 1.0 for w in range(self.wave_count)]
-        self.stage_maps: list[dict[int, int] | None] = []
-        for w in range(self.wave_count):
-            if waves is None or not waves.stage_maps or not waves.stage_maps[w]:
-                self.stage_maps.append(None)
-                continue
-            self.stage_maps.append({
-                self._device(a, f"waves.stage_maps[{w}]"): self._device(b, f"waves.stage_maps[{w}]")
-                for a, b in waves.stage_maps[w].items()})
-
-    def _placed(self, name: str) -> int:
-        device = self.plan.placement.get(name)
-        if device is None:
-            raise InvalidPlanError(
-                f"op {name!r} has no device in the plan's placement; every op needs one. "
-                "Replan for this graph.")
-        return self._device(device, f"placement of op {name!r}")
+        return static_tables(self.graph, self.batch)["priority"]
 
     # ------------------------------------------------------------------ building
     def build(self) -> TaskGraph:
-        self._check()
+        checked = resolve_plan(self.graph, self.cluster, self.plan)
+        self.is_batch, self.place, self.replica_devices = checked.is_batch, checked.place, checked.replica_devices
+        self.shards_of_layer, self.stage_maps = checked.shards_of_layer, checked.stage_maps
+        self.wave_count, self.wave_fraction = checked.wave_count, checked.wave_fraction
         plan = self.plan
         simple = plan.data_parallel is None and not plan.splits and self.wave_count == 1
         if simple:
             self._build_simple()
         else:
             self._build_general()
-        self._apply_orders()
+        attach_orders(self.tg, self.cluster, plan)
         return self.tg
 
     def _duration(self, op, device: int, batch: float) -> float:
@@ -265,7 +163,7 @@ class _Builder:
         at a batch, so it is built once and shared (the simulator never mutates it).
         """
         graph, tg, batch = self.graph, self.tg, self.batch
-        static = _static_tables(graph, batch)
+        static = static_tables(graph, batch)
         for field in ("names", "base", "role", "outputs", "out_sizes", "temp", "persistent",
                       "npreds", "wave", "replica", "shard", "priority", "size"):
             setattr(tg, field, static[field])
@@ -277,9 +175,9 @@ class _Builder:
         classes = {(d.kind, d.speed) for d in devices}
         if len(classes) == 1:
             kind, speed = next(iter(classes))
-            tg.duration = _durations(graph, kind, speed, batch)
+            tg.duration = durations(graph, kind, speed, batch)
         else:
-            per_class = {c: _durations(graph, c[0], c[1], batch) for c in classes}
+            per_class = {c: durations(graph, c[0], c[1], batch) for c in classes}
             rows = [per_class[(d.kind, d.speed)] for d in devices]
             tg.duration = [rows[r][i] for i, r in enumerate(place)]
 
@@ -320,12 +218,11 @@ class _Builder:
         for r, rdev in enumerate(replicas):
             single.append({})
             copies.append({})
-            rsuffix = f"@r{r}" if dp else ""
             for i in order:
                 op = ops[i]
                 home = rdev if dp else self.place[i]
                 if not self.is_batch[i]:
-                    t = tg.add(op.name + rsuffix, i, "op", home, self._duration(op, home, replica_batch),
+                    t = tg.add(copy_name(op.name, replica=r if dp else -1), i, "op", home, self._duration(op, home, replica_batch),
                                tuple(b.at(replica_batch) for b in op.output_bytes),
                                op.temp_bytes.at(replica_batch), float(op.persistent_bytes),
                                self.rank[i], replica=r if dp else -1, size=replica_batch)
@@ -336,13 +233,13 @@ class _Builder:
                 per_wave = []
                 for w in range(self.wave_count):
                     wbatch = replica_batch * self.wave_fraction[w]
-                    wsuffix = f"@w{w}" if self.wave_count > 1 else ""
                     stage = self.stage_maps[w]
                     tasks = []
                     for s, (sdev, frac) in enumerate(shards or ((home, 1.0),)):
                         device = stage.get(sdev, sdev) if stage else sdev
                         b = wbatch * frac
-                        name = op.name + rsuffix + wsuffix + (f"@s{s}" if shards else "")
+                        name = copy_name(op.name, replica=r if dp else -1, wave=w if self.wave_count > 1 else -1,
+                                         shard=s if shards else -1)
                         t = tg.add(name, i, "op", device, self._duration(op, device, b),
                                    tuple(x.at(b) for x in op.output_bytes), op.temp_bytes.at(b),
                                    0.0, self._wave_priority(i, w), wave=w, replica=r if dp else -1,
@@ -427,7 +324,7 @@ class _Builder:
             tg = self.tg
             device = tg.resource[src]
             sizes = tuple(out.at(db) for _, db in targets)
-            splitter = tg.add(f"{tg.names[src]}:{k}@split", -1, "split", device,
+            splitter = tg.add(auxiliary_name(tg.names[src], k, "split"), -1, "split", device,
                               self._copy_seconds(device, src_bytes, sum(sizes)), sizes, 0.0, 0.0,
                               tg.priority[src], wave=tg.wave[targets[0][0]], replica=tg.replica[src],
                               size=src_bytes + sum(sizes))
@@ -451,12 +348,9 @@ class _Builder:
             pieces = [out.at(sb) for _, sb in sources]
             size = out.at(sum(sb for _, sb in sources))
             first = sources[0][0]
-            name = f"{self.graph.ops[key[0]].name}:{k}@{role}"
-            if tg.replica[first] >= 0:
-                name += f"@r{tg.replica[first]}"
-            if len(key) == 5:  # (op, output, replica, wave, device): a per-wave gather
-                name += f"@w{key[3]}"
-            name += f"@{tg.devices[resource]}"
+            # key (op, output, replica, wave, device) is a per-wave gather.
+            name = auxiliary_name(self.graph.ops[key[0]].name, k, role, replica=tg.replica[first],
+                                  wave=key[3] if len(key) == 5 else -1, device=tg.devices[resource])
             combine = tg.add(name, -1, role, resource,
                              self._copy_seconds(resource, sum(pieces), size), (size,), 0.0, 0.0,
                              tg.priority[first] + 0.5, replica=tg.replica[first], size=sum(pieces) + size)
@@ -477,7 +371,7 @@ class _Builder:
             # (see FUSION_BUFFER_BYTES): a gradient pays its share of that buffer's latency.
             seconds = 0.0 if link is None else 2 * (replicas - 1) * (
                 link.latency * gradient / FUSION_BUFFER_BYTES + gradient / (replicas * link.bandwidth))
-            ar = tg.add(f"{self.graph.ops[p].name}:{k}@allreduce", -1, "allreduce", tg.ring, seconds,
+            ar = tg.add(auxiliary_name(self.graph.ops[p].name, k, "allreduce"), -1, "allreduce", tg.ring, seconds,
                         (gradient,), 0.0, 0.0, self.rank[p] + 0.5)
             self.allreduces[(p, k)] = ar
             for r, per_replica in enumerate(self.copies):
@@ -493,8 +387,7 @@ class _Builder:
         self._edge(ar, 0, 0.0, target)
 
     def _copy_seconds(self, resource: int, read: float, write: float) -> float:
-        d = self.devices[resource]
-        return d.launch_overhead + (read + write) / d.memory_bandwidth
+        return self.devices[resource].copy_seconds(read, write)
 
     def _barriers(self, replicas: int) -> None:
         tg, ops = self.tg, self.graph.ops
@@ -509,147 +402,10 @@ class _Builder:
         forward = [i for i in self.copies[0] if ops[i].phase == "forward" and not tainted[i]]
         for r in range(replicas):
             for w in range(1, self.wave_count):
-                barrier = tg.add(f"@barrier@r{r}@w{w}", -1, "barrier", -1, 0.0, (), 0.0, 0.0, -1.0,
+                barrier = tg.add(barrier_name(r, w), -1, "barrier", -1, 0.0, (), 0.0, 0.0, -1.0,
                                  wave=w, replica=r)
                 for i in forward:
                     for src, _ in self.copies[r][i][w - 1]:
                         self._edge(src, -1, 0.0, barrier)
                     for dst, _ in self.copies[r][i][w]:
                         self._edge(barrier, -1, 0.0, dst)
-
-    # ------------------------------------------------------------------ orders
-    def _apply_orders(self) -> None:
-        order = self.plan.order
-        if not order:
-            return
-        tg = self.tg
-        ids = {name: t for t, name in enumerate(tg.names) if tg.role[t] == "op"}
-        for device, names in order.items():
-            d = self._device(device, "order")
-            seen = []
-            for name in names:
-                t = ids.get(name)
-                if t is None:
-                    raise InvalidPlanError(
-                        f"order[{device!r}] names task {name!r}, which is not a task of this plan "
-                        "(task names are op names with @r/@w/@s suffixes for copies). Replan.")
-                if tg.resource[t] != d:
-                    raise InvalidPlanError(
-                        f"order[{device!r}] lists task {name!r}, which runs on "
-                        f"{tg.devices[tg.resource[t]]!r}. List each task in its own device's order.")
-                seen.append(t)
-            expected = [t for t in range(len(tg)) if tg.resource[t] == d and tg.role[t] == "op"]
-            if len(set(seen)) != len(seen) or sorted(seen) != expected:
-                missing = sorted(set(expected) - set(seen))
-                detail = (f"it misses {[tg.names[t] for t in missing[:3]]}" if missing
-                          else "it lists a task twice")
-                raise InvalidPlanError(
-                    f"order[{device!r}] must list each of the device's {len(expected)} tasks once; "
-                    f"{detail}. Replan, or drop the order to run by priority.")
-            tg.orders[d] = seen
-        self._check_orders_acyclic()
-
-    def _check_orders_acyclic(self) -> None:
-        tg = self.tg
-        n = len(tg)
-        missing = list(tg.npreds)
-        next_in_order = [-1] * n
-        for seq in tg.orders:
-            if seq:
-                for a, b in zip(seq, seq[1:]):
-                    next_in_order[a] = b
-                    missing[b] += 1
-        stack = [t for t in range(n) if missing[t] == 0]
-        done = 0
-        while stack:
-            t = stack.pop()
-            done += 1
-            for _, _, consumers in tg.outputs[t]:
-                for c in consumers:
-                    missing[c] -= 1
-                    if missing[c] == 0:
-                        stack.append(c)
-            b = next_in_order[t]
-            if b >= 0:
-                missing[b] -= 1
-                if missing[b] == 0:
-                    stack.append(b)
-        if done == n:
-            return
-        stuck = {t for t in range(n) if missing[t] > 0}
-        for d, seq in enumerate(tg.orders):
-            if not seq:
-                continue
-            for position, t in enumerate(seq):
-                if t in stuck:
-                    later = set(seq[position + 1:])
-                    blocker = self._blocking_predecessor(t, later)
-                    reason = (f"it depends on {tg.names[blocker]!r}, which comes later in that order"
-                              if blocker is not None else "it waits on a task that waits on this order")
-                    raise InvalidPlanError(
-                        f"order[{tg.devices[d]!r}] runs {tg.names[t]!r} too early: {reason}. "
-                        "Orders must respect the data flow; replan or fix the order.")
-        raise InvalidPlanError("The plan's orders contradict the data flow; replan.")
-
-    def _blocking_predecessor(self, task: int, later: set[int]) -> int | None:
-        """A task in ``later`` that ``task`` depends on, searching backwards (BFS)."""
-        tg = self.tg
-        preds: dict[int, list[int]] = {}
-        for t, outs in enumerate(tg.outputs):
-            for _, _, consumers in outs:
-                for c in consumers:
-                    preds.setdefault(c, []).append(t)
-        frontier, seen = [task], {task}
-        while frontier:
-            nxt = []
-            for t in frontier:
-                for p in preds.get(t, ()):
-                    if p in later:
-                        return p
-                    if p not in seen:
-                        seen.add(p)
-                        nxt.append(p)
-            frontier = nxt
-        return None
-
-
-def _static_tables(graph: OpGraph, batch: float) -> dict:
-    key = ("static", batch)
-    cached = graph._structure.cache.get(key)
-    if cached is not None:
-        return cached
-    ops = graph.ops
-    s = graph._structure
-    n = len(ops)
-    out_sizes = [tuple(b.fixed + b.per_sample * batch for b in op.output_bytes) for op in ops]
-    outputs = [[(k, out_sizes[i][k] if k >= 0 else 0.0, consumers) for k, consumers in s.outputs[i]]
-               for i in range(n)]
-    rank = [0] * n
-    for position, i in enumerate(s.topo):
-        rank[i] = position
-    minus = [-1] * n
-    table = {
-        "names": [op.name for op in ops],
-        "base": list(range(n)),
-        "role": ["op"] * n,
-        "outputs": outputs,
-        "out_sizes": out_sizes,
-        "temp": [op.temp_bytes.fixed + op.temp_bytes.per_sample * batch for op in ops],
-        "persistent": [float(op.persistent_bytes) for op in ops],
-        "npreds": [len(p) for p in s.preds],
-        "wave": minus, "replica": minus, "shard": minus,
-        "priority": rank,
-        "size": [float(batch)] * n,
-        "memory_tables": None,
-    }
-    graph._structure.cache[key] = table
-    return table
-
-
-def _durations(graph: OpGraph, kind: str, speed: float, batch: float) -> list[float]:
-    key = ("durations", kind, speed, batch)
-    cached = graph._structure.cache.get(key)
-    if cached is None:
-        cached = [op.duration(kind, batch, speed) for op in graph.ops]
-        graph._structure.cache[key] = cached
-    return cached

@@ -1,8 +1,12 @@
 """kerasflow.profiling: a live Keras training step as an ``OpGraph`` with measured costs.
 
 Example:
-    >>> graph = kerasflow.profiling.profile_model(model, (x, y), batch_size=64)  # doctest: +SKIP
-    >>> kerasflow.plan(graph, "cpu-testbed:4")  # doctest: +SKIP
+    >>> import keras, numpy as np, kerasflow
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> graph = kerasflow.profiling.profile_model(model, (np.ones((32, 8)), np.ones((32, 1))), batch_size=32)
+    >>> kerasflow.plan(graph, "cpu-testbed:4", verbose=0).predicted_step_time > 0
+    True
 """
 
 from kerasflow.profiling.capture import CapturedStep, capture_step

@@ -154,6 +154,11 @@ def _layer_ranges(model) -> tuple[list, dict]:
 def capture_step(model, batch) -> CapturedStep:
     """Traces ``model.train_step`` on ``batch``'s shapes and returns its ops as plain data.
 
+    The steps, each a function below: trace the step with every layer call recorded; read
+    every op; group each variable with the ops that take it; attribute forward ops to the
+    layer call that made them and backward ops to the layer they differentiate; give update
+    ops the layer of the variable they write; mark which ops may be split along the batch.
+
     Args:
         model: a compiled Keras 3 or tf-keras model.
         batch: one batch as the model's ``fit`` receives it (``(x, y)`` or
@@ -185,7 +190,17 @@ def capture_step(model, batch) -> CapturedStep:
     layer_types = {layer.name: type(layer).__name__ for _, _, layer in records}
     layer_objects = {layer.name: layer for _, _, layer in records}
 
-    # Variables: internal placeholder -> (group, persistent bytes, is model variable).
+    captured = [_captured_op(op) for op in operations]
+    group_layer = _colocate(captured, operations, _variable_groups(model, graph), layer_of_id)
+    _assign_phases(captured, group_layer, tuple(name + "/" for name in _compat.optimizer_names(model)))
+    _layers_of_updates(captured, group_layer)
+    _batch_axes(captured, layer_objects)
+    return CapturedStep(captured, concrete, batch_size, layer_types)
+
+
+def _variable_groups(model, graph) -> dict[str, tuple[str, int]]:
+    """Internal placeholder of each captured variable -> (its group, its bytes). An optimizer
+    slot joins the group of the model variable it belongs to."""
     handles = {}
     for variable in _compat.model_variables(model):
         handles[id(_compat.variable_handle(variable))] = ("model", variable)
@@ -210,19 +225,22 @@ def capture_step(model, batch) -> CapturedStep:
                     break
         size = int(np.prod(variable.shape, dtype=np.int64)) * tf.as_dtype(variable.dtype).size
         resource_group[internal.op.name] = (group, size)
+    return resource_group
 
-    optimizer_scopes = tuple(name + "/" for name in _compat.optimizer_names(model))
-    captured: list[CapturedOp] = []
-    for op in operations:
-        inputs = [(t.op.name, t.value_index) for t in op.inputs]
-        captured.append(CapturedOp(
-            name=op.name, type=op.type, inputs=inputs, control_inputs=[c.name for c in op.control_inputs],
-            output_bytes=[_bytes(t) for t in op.outputs],
-            output_shapes=[tuple(t.shape.as_list()) if t.shape.rank is not None else () for t in op.outputs],
-            flops=_flops(op),
-            bytes_accessed=sum(_bytes(t) for t in op.inputs) + sum(_bytes(t) for t in op.outputs)))
-    by_name = {op.name: op for op in captured}
 
+def _captured_op(op: tf.Operation) -> CapturedOp:
+    inputs = [(t.op.name, t.value_index) for t in op.inputs]
+    return CapturedOp(
+        name=op.name, type=op.type, inputs=inputs, control_inputs=[c.name for c in op.control_inputs],
+        output_bytes=[_bytes(t) for t in op.outputs],
+        output_shapes=[tuple(t.shape.as_list()) if t.shape.rank is not None else () for t in op.outputs],
+        flops=_flops(op), bytes_accessed=sum(_bytes(t) for t in op.inputs) + sum(_bytes(t) for t in op.outputs))
+
+
+def _colocate(captured: list[CapturedOp], operations, resource_group: dict[str, tuple[str, int]],
+              layer_of_id: dict[int, str]) -> dict[str, str]:
+    """Sets each op's colocation group (its variable's, or its layer's host group) and the
+    forward ops' layers; returns each group's layer."""
     # Where each resource tensor comes from: a captured variable, possibly passed through a
     # loop or an identity (a While's output i is its input i). TensorFlow runs an op that
     # takes a resource on that resource's device, so such an op joins the variable's group.
@@ -258,7 +276,13 @@ def capture_step(model, batch) -> CapturedStep:
             op.layer, op.phase = layer, "forward"
             if op.colocation is not None:
                 group_layer.setdefault(op.colocation, layer)
+    return group_layer
 
+
+def _assign_phases(captured: list[CapturedOp], group_layer: dict[str, str], optimizer_scopes: tuple[str, ...]) -> None:
+    """Backward ops (under the gradient tape) take the layer whose forward scope they
+    differentiate; optimizer ops and variable writes are updates; losses are forward."""
+    by_name = {op.name: op for op in captured}
     # Name scopes of forward ops -> layer, for the backward ops that differentiate them.
     scope_layer: dict[str, str | None] = {}
     for op in captured:
@@ -295,7 +319,10 @@ def capture_step(model, batch) -> CapturedStep:
             layers = {by_name[src].layer for src, _ in op.inputs}
             op.layer = layers.pop() if len(layers) == 1 else None
 
-    # Update ops take the layer of the variable they end up writing (walk consumers backwards).
+
+def _layers_of_updates(captured: list[CapturedOp], group_layer: dict[str, str]) -> None:
+    """Update ops take the layer of the variable they end up writing (walk consumers backwards)."""
+    by_name = {op.name: op for op in captured}
     consumers: dict[str, list[str]] = {}
     for op in captured:
         for source, _ in op.inputs:
@@ -314,7 +341,9 @@ def capture_step(model, batch) -> CapturedStep:
                     op.layer = layer
                     break
 
-    # Which ops may be split along the batch.
+
+def _batch_axes(captured: list[CapturedOp], layer_objects: dict) -> None:
+    """Which ops may be split along the batch."""
     for op in captured:
         if op.phase not in ("forward", "backward") or "Random" in op.type or (
                 op.colocation or "").startswith(HOST_GROUP):
@@ -323,4 +352,3 @@ def capture_step(model, batch) -> CapturedStep:
             op.batch_axis = 0  # losses and glue: per-sample work, reductions summed by the strategy
         elif is_splittable(layer_objects.get(op.layer)):
             op.batch_axis = 0
-    return CapturedStep(captured, concrete, batch_size, layer_types)

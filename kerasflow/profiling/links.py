@@ -19,7 +19,7 @@ import tensorflow as tf
 from kerasflow.planner.cluster import SAME_PROCESS, Cluster, Device, Link
 from kerasflow.planner.errors import KerasflowError
 from kerasflow.planner.hardware import DEVICE_SPECS
-from kerasflow.devices import device_kind
+from kerasflow.devices import device_kind, device_type, normalize_device, task_of
 
 __all__ = ["measure_links", "LinkMeasurement", "cluster_of"]
 
@@ -60,12 +60,9 @@ def measure_links(devices: Sequence[str], *, sizes: Sequence[int] = SIZES, repea
         KerasflowError: a device that does not exist.
 
     Example:
-        >>> measure_links(["/CPU:0", "/CPU:1"]).measured  # doctest: +SKIP
+        >>> measure_links(["/CPU:0", "/CPU:1"]).measured  # logical CPUs share memory: nothing to time
         False
     """
-    from kerasflow.multihost import device_type, task_of
-    from kerasflow.strategies.applier import normalize_device
-
     known = {normalize_device(d.name).upper() for d in tf.config.list_logical_devices()}
     for device in devices:
         if normalize_device(device).upper() not in known:
@@ -97,7 +94,6 @@ def measure_links(devices: Sequence[str], *, sizes: Sequence[int] = SIZES, repea
 
 def _time_copies(a: str, b: str, sizes: Sequence[int], repeats: int) -> list[tuple[float, float]]:
     """(bytes, median seconds) of copies from ``a`` to ``b``, finished on ``b``."""
-    from kerasflow.multihost import device_type, task_of
 
     samples = []
     for size in sizes:
@@ -125,7 +121,7 @@ def cluster_of(devices: Sequence[str], *, links: LinkMeasurement | None = None, 
     """A ``Cluster`` of local TensorFlow devices: kinds and memory from TensorFlow, links measured.
 
     Example:
-        >>> cluster_of(["/CPU:0", "/CPU:1"]).device_names  # doctest: +SKIP
+        >>> cluster_of(["/CPU:0", "/CPU:1"]).device_names
         ['/CPU:0', '/CPU:1']
     """
     links = links or measure_links(devices)

@@ -6,54 +6,22 @@ relaxed-shape retrace adds some) are placed by their layer's device, found from 
 scope; copies made by splits (``.../shard<i>/...``) and waves (``wave<w>/...``) take their
 shard's device and their wave's stage map. Ops that take a variable run where the variable
 lives. Each device's order is enforced with control edges, unless that would close a
-cycle (then the order is skipped and the report says so).
+cycle (then the order is skipped, and ``placement_report()`` says so).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import tensorflow as tf
 
 from kerasflow.planner.graph import OpGraph
 from kerasflow.planner.plan import Plan
+from kerasflow.planner.tasknames import parse_copy_name
+from kerasflow.planner.toposort import topological_order
+from kerasflow.strategies.scopes import split_name
 
-__all__ = ["PlanApplier", "ApplyReport", "normalize_device", "split_name"]
-
-_WAVE = re.compile(r"^wave(\d+)$")
-_SHARD = re.compile(r"^shard(\d+)$")
-_DEVICE = re.compile(r"device:([A-Za-z]+):(\d+)$", re.IGNORECASE)
-
-
-def normalize_device(device: str) -> str:
-    """``"/job:localhost/replica:0/task:0/device:CPU:1"`` -> ``"/CPU:1"`` (others unchanged)."""
-    if not device:
-        return ""
-    match = _DEVICE.search(device)
-    if match is None or (device.startswith("/job:") and not device.startswith("/job:localhost")):
-        return device  # a remote device keeps its full name
-    return f"/{match.group(1).upper()}:{match.group(2)}"
-
-
-def split_name(name: str) -> tuple[str, int, int]:
-    """An op name without its wave and shard scopes, and those indices (-1 when absent).
-
-    Example:
-        >>> split_name("gradient_tape/wave1/model/dense/shard0/MatMul")
-        ('gradient_tape/model/dense/MatMul', 1, 0)
-    """
-    wave = shard = -1
-    parts = []
-    for part in name.split("/"):
-        w, s = _WAVE.match(part), _SHARD.match(part)
-        if w and wave < 0:
-            wave = int(w.group(1))
-        elif s and shard < 0:
-            shard = int(s.group(1))
-        else:
-            parts.append(part)
-    return "/".join(parts), wave, shard
+__all__ = ["PlanApplier", "ApplyReport"]
 
 
 @dataclass
@@ -101,6 +69,25 @@ class PlanApplier:
             self.layer_device.setdefault(layer, shards[0].device)
         self.last_report = ApplyReport()
         self.skip_order = False  # set when TensorFlow refused the ordered step
+        self.order_refused = ""  # TensorFlow's reason, when it did
+
+    def refuse_order(self, reason: str) -> None:
+        """Traces without the per-device order from now on, remembering why."""
+        self.skip_order = True
+        self.order_refused = reason
+
+    def not_applied(self) -> list[str]:
+        """The parts of the plan the last trace did not apply, each with its reason."""
+        report, parts = self.last_report, []
+        if self.order_refused:
+            parts.append(f"the per-device order (TensorFlow could not run it: {self.order_refused})")
+        elif report.order_skipped:
+            parts.append(f"the per-device order ({report.order_skipped})")
+        if report.unplaced:
+            shown = ", ".join(report.unplaced[:3]) + (", ..." if len(report.unplaced) > 3 else "")
+            parts.append(f"devices for {len(report.unplaced)} ops the plan does not name, placed by TensorFlow "
+                         f"({shown})")
+        return parts
 
     def layer_of_name(self, base: str) -> str | None:
         """The layer of an op name (exact, else its longest known scope)."""
@@ -194,10 +181,8 @@ class PlanApplier:
         for names in self.plan.order.values():
             sequence = []
             for task in names:
-                parts = task.split("@")
-                wave = next((int(p[1:]) for p in parts[1:] if p.startswith("w")), -1)
-                shard = next((int(p[1:]) for p in parts[1:] if p.startswith("s")), -1)
-                op = keyed.get((parts[0], wave, shard))
+                base, _, wave, shard = parse_copy_name(task)
+                op = keyed.get((base, wave, shard))
                 # Stateful ops are ordered by tf.function itself (automatic control
                 # dependencies in program order); chaining them too could close a cycle.
                 if op is not None and op.type != "Placeholder" and not _stateful(op):
@@ -243,13 +228,11 @@ def _would_cycle(ops: list[tf.Operation], extra: list[tuple[tf.Operation, tf.Ope
     """
     index = {id(op): i for i, op in enumerate(ops)}
     successors: list[list[int]] = [[] for _ in ops]
-    missing = [0] * len(ops)
 
     def link(a, b):
         ia, ib = index.get(id(a)), index.get(id(b))
         if ia is not None and ib is not None:
             successors[ia].append(ib)
-            missing[ib] += 1
 
     stateful = [op for op in ops if _stateful(op)]
     for op in ops:
@@ -259,13 +242,4 @@ def _would_cycle(ops: list[tf.Operation], extra: list[tuple[tf.Operation, tf.Ope
             link(control, op)
     for before, after in list(zip(stateful, stateful[1:])) + list(extra):
         link(before, after)
-    stack = [i for i, m in enumerate(missing) if m == 0]
-    seen = 0
-    while stack:
-        i = stack.pop()
-        seen += 1
-        for j in successors[i]:
-            missing[j] -= 1
-            if missing[j] == 0:
-                stack.append(j)
-    return seen != len(ops)
+    return bool(topological_order(successors)[1])

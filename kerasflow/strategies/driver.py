@@ -333,7 +333,7 @@ class Driver:
                 lost_task = isinstance(error, tf.errors.UnavailableError)  # not the order's doing
                 if applier is not None and applier.plan.order and not applier.skip_order and not lost_task:
                     # First retreat: keep the placement, drop the per-device order.
-                    applier.skip_order = True
+                    applier.refuse_order(_describe(error))
                     driver.reporter.warn(f"kerasflow: the planned order could not run ({_describe(error)}); "
                                          "keeping the placement without it.")
                     driver.rebuild()
@@ -368,7 +368,8 @@ class Driver:
             return PlacementReport(self.mismatches or [], in_force=False, fallback=self.fallback)
         if self.mismatches is None:
             return None
-        return PlacementReport(self.mismatches, in_force=self.state == "planned")
+        return PlacementReport(self.mismatches, in_force=self.state == "planned",
+                               not_applied=self.applier.not_applied() if self.applier is not None else ())
 
     @property
     def in_force(self) -> bool:

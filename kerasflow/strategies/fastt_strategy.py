@@ -97,11 +97,16 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         ClusterConnectionError: a task of the cluster is unreachable.
 
     Example:
-        >>> strategy = kerasflow.FastTStrategy()  # doctest: +SKIP
+        >>> import keras, numpy as np, kerasflow
+        >>> strategy = kerasflow.FastTStrategy(verbose=0)
         >>> with strategy.scope():
-        ...     model = build_model()
-        ...     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-        >>> model.fit(x, y, epochs=3)  # profiles, plans, rebuilds, keeps training
+        ...     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+        ...                               keras.layers.Dense(1)])
+        ...     model.compile(optimizer="adam", loss="mse")
+        >>> x, y = np.ones((512, 8), "float32"), np.ones((512, 1), "float32")
+        >>> _ = model.fit(x, y, batch_size=32, verbose=0)  # profiles, plans, rebuilds, keeps training
+        >>> strategy.plan_in_force
+        True
     """
 
     def __init__(self, devices: list[str] | None = None, cluster: Cluster | str | None = None,
@@ -315,7 +320,7 @@ def _wrap_train_function(model, driver: Driver) -> None:
 
 
 def _canonical(device: str) -> str:
-    from kerasflow.strategies.applier import normalize_device
+    from kerasflow.devices import normalize_device
 
     name = normalize_device(device)
     if name.startswith("/") and ":" in name and "device:" not in name.lower():

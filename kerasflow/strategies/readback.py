@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from kerasflow.strategies.applier import PlanApplier, normalize_device, split_name
+from kerasflow.devices import normalize_device
+from kerasflow.strategies.applier import PlanApplier
+from kerasflow.strategies.scopes import split_name
 
 __all__ = ["PlacementMismatch", "PlacementReport", "start_recording", "read_placement"]
 
@@ -32,25 +34,31 @@ class PlacementReport(list):
     """The ops that did not land where the plan put them, and whether the plan is in force now.
 
     A list of ``PlacementMismatch`` (empty when every op ran where planned), with
-    ``in_force`` (False once training went back to the default placement) and ``fallback``
-    (why it did, else None).
+    ``in_force`` (False once training went back to the default placement), ``fallback``
+    (why it did, else None) and ``not_applied`` (the parts of the plan that are not running,
+    each with its reason: a per-device order TensorFlow refused, ops the plan has no device for).
 
     Example:
         >>> report = PlacementReport([], in_force=False, fallback="rebuilding failed")
         >>> report == [], report.in_force
         (True, False)
+        >>> PlacementReport([], not_applied=["the per-device order (a cycle)"]).summary()
+        'Ops placed where planned: all. Not applied: the per-device order (a cycle).'
     """
 
-    def __init__(self, mismatches=(), *, in_force: bool = True, fallback: str | None = None):
+    def __init__(self, mismatches=(), *, in_force: bool = True, fallback: str | None = None,
+                 not_applied=()):
         super().__init__(mismatches)
         self.in_force = in_force
         self.fallback = fallback
+        self.not_applied = list(not_applied)
 
     def summary(self) -> str:
-        """One line: whether the plan is in force, and how many ops ran off it."""
+        """One line: whether the plan is in force, how many ops ran off it, and what is not applied."""
         if not self.in_force:
             return f"Plan not in force: training went back to the default placement ({self.fallback})."
-        return "Ops placed where planned: " + ("all" if not self else f"all but {len(self)}")
+        line = "Ops placed where planned: " + ("all" if not self else f"all but {len(self)}")
+        return line + (f". Not applied: {'; '.join(self.not_applied)}." if self.not_applied else "")
 
 
 def start_recording() -> None:

@@ -22,6 +22,7 @@ import tensorflow as tf
 from kerasflow import _compat
 from kerasflow.profiling.capture import last_op_id
 from kerasflow.strategies.applier import PlanApplier
+from kerasflow.strategies.scopes import shard_scope, wave_scope
 
 __all__ = ["PlannedStep", "split_call"]
 
@@ -60,7 +61,7 @@ def split_call(original: Callable, shards) -> Callable:
         sizes = _sizes(batch, [s.fraction for s in shards])
         outputs, start = [], 0
         for i, (shard, size) in enumerate(zip(shards, sizes)):
-            with tf.device(shard.device), tf.name_scope(f"shard{i}"):
+            with tf.device(shard.device), tf.name_scope(shard_scope(i)):
                 piece_args = _slice(args, start, size, batch)
                 piece_kwargs = _slice(kwargs, start, size, batch)
                 outputs.append(original(*piece_args, **piece_kwargs))
@@ -151,7 +152,7 @@ class PlannedStep:
             sw = _slice(sample_weight, start, size, batch) if sample_weight is not None else None
             share = tf.cast(size, tf.float32) / tf.cast(batch, tf.float32)
             barrier = [previous_forward] if previous_forward is not None and waves.offset == "forward" else []
-            with tf.name_scope(f"wave{w}"), tf.control_dependencies(barrier):
+            with tf.name_scope(wave_scope(w)), tf.control_dependencies(barrier):
                 with tf.GradientTape() as tape:
                     prediction = model(xw, training=True)
                     loss = _compat.compute_loss(model, xw, yw, prediction, sw)

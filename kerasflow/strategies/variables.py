@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from kerasflow import _compat
 from kerasflow.planner.plan import Plan
-from kerasflow.strategies.applier import normalize_device
+from kerasflow.devices import normalize_device
 
 __all__ = ["move_variables", "group_devices", "current_homes"]
 

@@ -6,7 +6,6 @@ from kerasflow.planner import (
     Cluster, Device, InvalidPlanError, Link, OpGraph, baselines, lower_bound, simulate, synthetic,
 )
 from kerasflow.planner.baselines import _linear_partition
-from kerasflow.planner.taskgraph import FUSION_BUFFER_BYTES
 from tests.planner.helpers import cluster, op
 
 
@@ -59,7 +58,8 @@ def test_data_parallel_replicates_weights_and_all_reduces():
     link = c.slowest_link()
     # 2(D-1) ring steps, each paying the latency once per fused 25 MiB buffer (a gradient pays
     # its share) and a quarter of the gradient over the slowest link.
-    expected = sum(2 * 3 * (link.latency * o.output_bytes[0].fixed / FUSION_BUFFER_BYTES
+    buffer = 25 * 2**20
+    expected = sum(2 * 3 * (link.latency * o.output_bytes[0].fixed / buffer
                             + o.output_bytes[0].fixed / (4 * link.bandwidth)) for o in gradients)
     ring = sum(e - s for name, (s, e) in result.times().items() if name.endswith("@allreduce"))
     assert ring == pytest.approx(expected)

@@ -1,6 +1,7 @@
 """Tests of the OpGraph IR: validation, queries, fingerprints and JSON."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -131,6 +132,22 @@ def test_importing_the_planner_does_not_import_tensorflow_or_keras():
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_planner_tests_and_doctests_run_without_tensorflow(tmp_path):
+    (tmp_path / "no_tensorflow_check.py").write_text(
+        "import sys\n"
+        "def pytest_sessionfinish(session, exitstatus):\n"
+        "    bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf_keras')]\n"
+        "    if bad:\n"
+        "        session.exitstatus = 3\n"
+        "        print('TensorFlow was imported:', bad[:3])\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no_tensorflow_check",
+                             "tests/planner/test_tasknames.py", "kerasflow/planner/toposort.py"],
+                            cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
 
 def test_edges_accept_lists_and_mappings():

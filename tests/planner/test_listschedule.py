@@ -3,7 +3,7 @@
 import pytest
 
 from kerasflow.planner import (
-    Cluster, Device, InsufficientMemoryError, Link, OpGraph, Shard, cpop, heft, simulate, synthetic,
+    Cluster, Device, InsufficientMemoryError, Link, Op, OpGraph, Shard, cpop, heft, simulate, synthetic,
 )
 from kerasflow.planner.listschedule import list_schedule, memory_budgets, scheduling_tasks
 from tests.planner.helpers import cluster, op
@@ -210,3 +210,32 @@ def test_a_colocation_group_of_batch_ops_stays_together_when_another_layer_is_sp
                     [("s1", "m", 0), ("s2", "m", 0)], batch_size=8)
     chosen = heft(graph, cluster(2), splits={"dense": (Shard("/D:0", 0.5), Shard("/D:1", 0.5))})
     assert chosen.placement["s1"] == chosen.placement["s2"]
+
+
+def test_cpop_keeps_the_critical_path_on_its_device_even_where_another_finishes_first():
+    # Device kinds X (/D:0) and Y (/D:1). a, b, d cost 1, 10, 1 s on X and 2, 4, 2 s on Y; c 1 s
+    # on both. With the average costs (a 1.5, b 7, c 1, d 1.5) the critical path is a-b-d, and it
+    # runs in 12 s on /D:0 but 8 s on /D:1: CPOP puts all three on /D:1, although a alone would
+    # finish first on /D:0 (1 s against 2 s), where earliest finish time (HEFT) puts it.
+    costs = {"a": (1, 2), "b": (10, 4), "c": (1, 1), "d": (1, 2)}
+    ops = [Op(name, cost={"X": x, "Y": y}, output_bytes=[10] if name != "d" else []) for name, (x, y) in
+           costs.items()]
+    graph = OpGraph(ops, [("a", "b", 0), ("a", "c", 0), ("b", "d", 0), ("c", "d", 0)])
+    c = Cluster([Device("/D:0", "X", 10**9, memory_bandwidth=1e30, launch_overhead=0.0),
+                 Device("/D:1", "Y", 10**9, memory_bandwidth=1e30, launch_overhead=0.0)], Link(0.0, 1e9))
+    plan = cpop(graph, c)
+    assert [plan.placement[n] for n in "abd"] == ["/D:1"] * 3
+    assert heft(graph, c).placement["a"] == "/D:0"
+
+
+def test_an_input_received_from_another_device_counts_in_the_memory_it_needs():
+    # a (500 B out) and z (10 s) are pinned to /D:1; b (1 s) reads a. On /D:1 b waits for z until
+    # 11 s, on /D:0 it could start at once, but receiving a's 500 B needs 500 B there and /D:0's
+    # budget is 400 B: b runs on /D:1.
+    graph = OpGraph([op("a", 1.0, [500]), op("z", 10.0), op("b", 1.0)], [("a", "b", 0)])
+    c = cluster(2, bandwidth=1e9)
+    tg, _ = scheduling_tasks(graph, c, None, 1)
+    schedule = list_schedule(tg, graph, c, [3.0, 2.0, 1.0], fixed=[1, 1, -1], budgets=[400.0, 1e9])
+    assert schedule.device[2] == 1 and schedule.start[2] == pytest.approx(11.0)
+    roomy = list_schedule(tg, graph, c, [3.0, 2.0, 1.0], fixed=[1, 1, -1], budgets=[600.0, 1e9])
+    assert roomy.device[2] == 0 and roomy.start[2] == pytest.approx(1.0, abs=1e-6)

@@ -1,6 +1,10 @@
 """Tests of FastT's critical-path op splitting and of plan(), with hand-computed answers."""
 
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from kerasflow.planner import (
@@ -175,6 +179,19 @@ def test_same_inputs_give_a_byte_identical_plan(tmp_path):
     second.save(tmp_path / "b.json")
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     assert Plan.load(tmp_path / "a.json") == first
+
+
+def test_two_processes_with_different_hash_seeds_write_the_same_plan(tmp_path):
+    # String hashing differs between processes (PYTHONHASHSEED): a set or dict iterated in
+    # hash order anywhere in planning would change the plan between runs.
+    script = ("import sys; from kerasflow.planner import plan, synthetic; "
+              "plan(synthetic.build('inception'), '4xV100-nvlink', max_split_evaluations=6, verbose=0)"
+              ".save(sys.argv[1])")
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / f"{seed}.json")], env=env, check=True,
+                       timeout=300)
+    assert (tmp_path / "1.json").read_bytes() == (tmp_path / "2.json").read_bytes()
 
 
 def test_plan_spreads_a_graph_that_does_not_fit_one_device():

@@ -6,8 +6,9 @@ import pytest
 from kerasflow.planner import (
     Cluster, InsufficientMemoryError, InvalidPlanError, OpGraph, Plan, Waves, baselines, plan, simulate, synthetic,
 )
+from kerasflow.planner.maxbatch import STRATEGIES, max_batch
 from kerasflow.planner.ticktock import (
-    batch_coupled_ops, max_batch, pipeline, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
+    batch_coupled_ops, pipeline, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
 )
 from tests.planner.helpers import cluster, op
 
@@ -84,12 +85,19 @@ def test_tick_tock_data_parallel_all_reduces_once_per_gradient():
     assert any(n.endswith("@r3@w1") for n in result.task_names)
 
 
-def test_pipeline_names_and_order():
-    graph = synthetic.chain_mlp(layers=4)
-    c = Cluster.preset("2xK80-pcie")
-    gpipe = pipeline(graph, c, 4)
-    assert gpipe.waves.count == 4 and gpipe.waves.offset == "none"
-    assert simulate(graph, c, gpipe).makespan == gpipe.predicted_step_time
+def test_a_pipeline_overlaps_its_stages_by_micro_batch():
+    # Layers L0 (a) and L1 (b), 1 s per sample each, batch 4: layer-wise model parallelism puts
+    # them on /D:0 and /D:1 and runs 4 + 4 = 8 s. With 2 micro-batches: a 0-2, 2-4 on /D:0 and
+    # b 2-4, 4-6 on /D:1 (6 s); with 4: a in 0-4, b 1-2, ..., 4-5 (5 s).
+    graph = OpGraph([op("a", (0.0, 1.0), [(0, 4)], layer="L0", batch_axis=0),
+                     op("b", (0.0, 1.0), [], layer="L1", batch_axis=0)], [("a", "b", 0)], batch_size=4)
+    c = cluster(2, bandwidth=1e15)
+    assert baselines.layerwise_model_parallel(graph, c).predicted_step_time == pytest.approx(8.0)
+    for micro_batches, seconds in ((2, 6.0), (4, 5.0)):
+        gpipe = pipeline(graph, c, micro_batches)
+        assert (gpipe.waves.count, gpipe.waves.offset, gpipe.algorithm) == (micro_batches, "none",
+                                                                           f"gpipe-{micro_batches}")
+        assert gpipe.predicted_step_time == pytest.approx(seconds)
 
 
 def test_auto_fits_with_waves_what_does_not_fit_without():
@@ -155,8 +163,39 @@ def test_plan_skips_strategies_that_do_not_apply():
     assert "layerwise_model_parallel" not in chosen.candidates and chosen.predicted_step_time > 0
 
 
-def test_named_strategies_run():
-    graph = synthetic.chain_mlp(layers=3)
-    for name in ("data_parallel", "gpipe-2", "tick_tock_model_parallel", "fastt+waves"):
-        found = max_batch(graph, "2xK80-pcie", name, memory_limit=2**28)
-        assert found.batch >= 1 and found.strategy == name
+def test_named_strategies_build_what_they_name_at_the_largest_batch_that_fits():
+    graph, c, limit = synthetic.chain_mlp(layers=3), Cluster.preset("2xK80-pcie"), 2**28
+    budget = limit * 0.9  # the default 10 % headroom
+    shapes = {
+        "data_parallel": lambda p: p.data_parallel is not None and len(p.data_parallel.devices) == 2,
+        "gpipe-2": lambda p: (p.waves.count, p.waves.offset) == (2, "none"),
+        "gpipe-4": lambda p: (p.waves.count, p.waves.offset) == (4, "none"),
+        "tick_tock_model_parallel": lambda p: p.waves.count == 2 and dict(p.waves.stage_maps[1]) == {
+            "/GPU:0": "/GPU:1", "/GPU:1": "/GPU:0"},
+        "fastt+waves": lambda p: p.waves is not None and p.waves.count == 2,
+    }
+    for name, has_shape in shapes.items():
+        found = max_batch(graph, c, name, memory_limit=limit)
+        assert found.strategy == name and has_shape(found.plan), name
+        assert max(found.peak_memory.values()) <= budget
+        # One more sample does not fit: the batch is the largest.
+        try:
+            bigger = STRATEGIES[name](graph, c, found.batch + 1, limit, 0.1)
+        except InsufficientMemoryError:
+            continue  # the planner found no plan for it at all
+        assert max(bigger.predicted_peak_memory.values()) > budget, name
+
+
+def test_the_tock_waves_forward_pass_waits_for_the_tick_waves():
+    # f1 (2 s per sample) on /D:0, then f2 and the backward b (1 s per sample) on /D:1; batch 2,
+    # so each wave's ops take 2 s and 1 s. Tick-Tock: f1w0 0-2, f2w0 2-3; the tock wave's
+    # forward starts when the tick wave's forward ends: f1w1 3-5 (while bw0 runs 3-4), f2w1 5-6,
+    # bw1 6-7: 7 s. Without the offset (a pipeline) f1w1 runs 2-4 and the step takes 6 s.
+    graph = OpGraph([op("f1", (0.0, 2.0), [(0, 0)], batch_axis=0), op("f2", (0.0, 1.0), [(0, 0)], batch_axis=0),
+                     op("b", (0.0, 1.0), [], phase="backward", batch_axis=0)],
+                    [("f1", "f2", 0), ("f2", "b", 0)], batch_size=2)
+    placement = {"f1": "/D:0", "f2": "/D:1", "b": "/D:1"}
+    tick_tock = simulate(graph, cluster(2), Plan(placement=placement, waves=Waves(2)))
+    assert tick_tock.times()["f1@w1"] == (3.0, 5.0) and tick_tock.makespan == 7.0
+    piped = simulate(graph, cluster(2), Plan(placement=placement, waves=Waves(2, offset="none")))
+    assert piped.times()["f1@w1"] == (2.0, 4.0) and piped.makespan == 6.0

@@ -47,7 +47,7 @@ def main(out: str, checkpoint_dir: str) -> None:
         "devices": strategy.devices,
         "loss": loss,
         "plan_tasks": sorted({task_of(d) for d in strategy.plan.placement.values()}) if strategy.plan else [],
-        "variable_tasks": sorted({task_of(kerasflow.strategies.applier.normalize_device(v.value.device))
+        "variable_tasks": sorted({task_of(kerasflow.devices.normalize_device(v.value.device))
                                   for v in model.trainable_variables}),
         "mismatches": len(strategy.placement_report() or []),
         "checkpoint_ok": checkpoint_ok,

@@ -4,7 +4,6 @@ plan, no failure ends fit, every optimizer keeps its state, and verbose=0 is sil
 import warnings
 
 import keras
-import numpy as np
 import pytest
 
 import kerasflow
@@ -25,6 +24,19 @@ def fit(model, x, y, **kwargs):
 
 def kerasflow_warnings(caught):
     return [str(w.message) for w in caught if str(w.message).startswith("kerasflow:")]
+
+
+def fit_mlp_under_fastt():
+    """(strategy, losses, kerasflow's warnings) of the MLP trained one epoch under FastTStrategy."""
+    x, y = mlp_data()
+    strategy = kerasflow.FastTStrategy(verbose=0)
+    with strategy.scope():
+        keras.utils.set_random_seed(7)
+        model = models.mlp(keras, dropout=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = fit(model, x, y)
+    return strategy, losses, kerasflow_warnings(caught)
 
 
 def plain_mlp_losses():
@@ -79,15 +91,7 @@ def test_a_failure_while_tracing_the_planned_step_goes_back_to_the_default_place
         raise ValueError("3 nodes in a cycle")
 
     monkeypatch.setattr(PlanApplier, "apply", broken)
-    x, y = mlp_data()
-    strategy = kerasflow.FastTStrategy(verbose=0)
-    with strategy.scope():
-        keras.utils.set_random_seed(7)
-        model = models.mlp(keras, dropout=False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        losses = fit(model, x, y)
-    messages = kerasflow_warnings(caught)
+    strategy, losses, messages = fit_mlp_under_fastt()
     # With a per-device order, the order is dropped first; then the plan goes.
     assert len(messages) == (2 if strategy.plan.order else 1), messages
     assert all("planned order could not run" in message for message in messages[:-1])
@@ -95,6 +99,29 @@ def test_a_failure_while_tracing_the_planned_step_goes_back_to_the_default_place
     report = strategy.placement_report()
     assert not strategy.plan_in_force and not report.in_force and "3 nodes in a cycle" in report.fallback
     assert "Plan not in force" in report.summary()
+    assert losses == pytest.approx(plain_mlp_losses(), rel=1e-5)
+
+
+def test_an_order_tensorflow_refuses_is_dropped_and_the_report_says_so(monkeypatch):
+    from kerasflow.planner import planning
+    from kerasflow.strategies.applier import PlanApplier
+
+    real = PlanApplier.apply
+
+    def refuses_the_order(self, ops, captures):
+        if self.plan.order and not self.skip_order:
+            raise ValueError("the order closes a cycle")
+        return real(self, ops, captures)
+
+    monkeypatch.setattr(PlanApplier, "apply", refuses_the_order)
+    monkeypatch.setattr(planning, "order_if_faster", lambda candidate, *args, **kwargs: candidate)  # keep an order
+    strategy, losses, messages = fit_mlp_under_fastt()
+    assert strategy.plan.order, "the test needs a plan with a per-device order"
+    assert len(messages) == 1
+    report = strategy.placement_report()
+    assert report.in_force and strategy.plan_in_force
+    assert len(report.not_applied) == 1 and "the order closes a cycle" in report.not_applied[0]
+    assert "Not applied: the per-device order" in report.summary()
     assert losses == pytest.approx(plain_mlp_losses(), rel=1e-5)
 
 

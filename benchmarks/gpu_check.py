@@ -1,0 +1,166 @@
+"""The default placement, MirroredStrategy and FastTStrategy side by side on this machine's GPUs.
+
+One table, in a few minutes: per model, each setup's median steady step time, samples/s, its
+ratio to the default placement and to MirroredStrategy, and for FastTStrategy its plan, the
+planner's predicted step time and the simulator's error. Each setup runs in its own process
+(TensorFlow fixes its devices when it starts), in alternating rounds so that drift hits all
+setups alike.
+
+Devices: every GPU; a single GPU is split into two logical GPUs (``--memory-mb`` each), so
+there is something to place on. Without a GPU the same comparison runs on two logical CPUs
+(so CI can smoke-test the script); the table says which.
+
+Usage:
+    python benchmarks/gpu_check.py                      # mlp, cnn, resnet, lstm, transformer
+    python benchmarks/gpu_check.py --models mlp --steps 20 --rounds 1 --budget-s 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from _common import format_table, machine, step_durations
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = ("mlp", "cnn", "resnet", "lstm", "transformer")
+SETUPS = ("default", "mirrored", "fastt")
+
+
+def devices(memory_mb: int) -> tuple[str, list[str]]:
+    """Configures TensorFlow's devices before it starts; returns (kind, device names)."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) == 1:
+        config = tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)
+        tf.config.set_logical_device_configuration(gpus[0], [config, config])
+    if gpus:
+        return "GPU", [f"/GPU:{i}" for i in range(len(tf.config.list_logical_devices("GPU")))]
+    import kerasflow
+
+    return "CPU", kerasflow.devices.virtual_cpus(2, intra_op_threads=1, inter_op_threads=2)
+
+
+def build(name: str, keras):
+    """A model of the comparison and its batch size (synthetic data, no downloads)."""
+    if name in ("mlp", "cnn", "lstm", "transformer"):
+        from profile_zoo import build as zoo_build
+
+        return zoo_build(name, keras)[0], 64 if name == "mlp" else 32
+    inputs = keras.Input((32, 32, 3))  # a ResNet-like CNN with BatchNormalization
+    x = keras.layers.Conv2D(32, 3, padding="same", name="stem")(inputs)
+    for block in range(2):
+        h = keras.layers.Conv2D(32, 3, padding="same", name=f"conv_{block}a")(x)
+        h = keras.layers.BatchNormalization(name=f"bn_{block}")(h)
+        h = keras.layers.Activation("relu", name=f"relu_{block}")(h)
+        h = keras.layers.Conv2D(32, 3, padding="same", name=f"conv_{block}b")(h)
+        x = keras.layers.Add(name=f"residual_{block}")([x, h])
+    x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
+    model = keras.Model(inputs, keras.layers.Dense(10, name="logits")(x), name="resnet_like")
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, 32
+
+
+def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
+    """One setup on one model, in this process: the measured figures as a dict."""
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    sys.path.insert(0, os.path.join(HERE, ".."))
+    kind, names = devices(memory_mb)
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import kerasflow
+
+    if setup == "default":
+        strategy = tf.distribute.OneDeviceStrategy(names[0])
+    elif setup == "mirrored":
+        strategy = tf.distribute.MirroredStrategy(names)
+    else:
+        strategy = kerasflow.FastTStrategy(devices=names, verbose=0)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model, batch = build(model_name, keras)
+    rng = np.random.default_rng(0)
+    spec = model.inputs[0]
+    shape = (steps * batch,) + tuple(spec.shape[1:])
+    x = rng.integers(0, 1000, shape).astype("int32") if "int" in str(spec.dtype) else rng.random(shape, dtype=np.float32)
+    y = rng.integers(0, 10, steps * batch)
+    durations = step_durations(model, x, y, batch)
+    result = {"setup": setup, "model": model_name, "batch": batch, "kind": kind, "devices": len(names)}
+    if setup == "fastt":
+        first_planned = strategy.options.warmup_steps + strategy.options.profile_steps
+        steady = durations[first_planned + 3:]
+        result["predicted"] = strategy.plan.predicted_step_time if strategy.plan_in_force else None
+        result["algorithm"] = strategy.plan.algorithm if strategy.plan_in_force else "default (fell back)"
+    else:
+        steady = durations[5:]
+    result["step"] = float(np.median(steady))
+    return result
+
+
+def table(results: dict, models: list[str], rounds: int, steps: int) -> str:
+    """The comparison table, one row per model and setup."""
+    rows = []
+    first = next(iter(results.values()))[0]
+    for model in models:
+        step = {s: statistics.median(r["step"] for r in results[(model, s)]) for s in SETUPS}
+        for setup in SETUPS:
+            runs = results[(model, setup)]
+            plan = predicted = error = ""
+            if setup == "fastt":
+                plan = runs[-1]["algorithm"]
+                figures = [r["predicted"] for r in runs if r["predicted"]]
+                if figures:
+                    predicted = f"{statistics.median(figures) * 1e3:.2f}"
+                    error = f"{(statistics.median(figures) - step[setup]) / step[setup] * 100:+.0f}%"
+            batch = runs[0]["batch"]
+            rows.append([model, setup, str(batch), f"{step[setup] * 1e3:.2f}", f"{batch / step[setup]:,.0f}",
+                         f"{step['default'] / step[setup]:.2f}x", f"{step['mirrored'] / step[setup]:.2f}x", plan,
+                         predicted, error])
+    title = (f"{first['devices']} {first['kind']} devices ({'logical CPUs: no GPU here' if first['kind'] == 'CPU' else 'GPUs'}); "
+             f"medians of {rounds} alternating round(s) of {steps} steps ({machine()})")
+    return title + "\n" + format_table(["model", "setup", "batch", "step ms", "samples/s", "vs default",
+                                        "vs mirrored", "plan", "predicted ms", "simulator error"], rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--memory-mb", type=int, default=4096, help="per logical GPU when one GPU is split")
+    parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting new rounds after this")
+    parser.add_argument("--worker", nargs=2, metavar=("SETUP", "MODEL"))
+    args = parser.parse_args()
+    if args.worker:
+        print("RESULT " + json.dumps(worker(args.worker[0], args.worker[1], args.steps, args.memory_mb)))
+        return 0
+    started, results, done = time.perf_counter(), {}, 0
+    for _ in range(args.rounds):
+        if done and time.perf_counter() - started > args.budget_s:
+            break
+        for model in args.models:
+            for setup in SETUPS:
+                out = subprocess.run([sys.executable, __file__, "--worker", setup, model, "--steps", str(args.steps),
+                                      "--memory-mb", str(args.memory_mb)], capture_output=True, text=True, cwd=HERE)
+                line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
+                if line is None:
+                    print(f"{setup}/{model} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
+                    return 1
+                results.setdefault((model, setup), []).append(json.loads(line[7:]))
+                print(f"{model} {setup}: {results[(model, setup)][-1]}", flush=True)
+        done += 1
+    print()
+    print(table(results, args.models, done, args.steps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Per-graph tables the planner's modules read again and again, built once and memoised.
+
+A graph never changes, so what depends only on it (and on a batch size or a device class) is
+computed on first use and kept in the graph's structure cache: which ops are batch ops, its
+colocation groups, the task tables of a plan without copies, and op durations per device class.
+"""
+
+from __future__ import annotations
+
+from .graph import OpGraph
+
+__all__ = ["BATCH_PHASES", "batch_ops", "colocation_groups", "static_tables", "durations"]
+
+BATCH_PHASES = ("forward", "backward")
+
+
+def batch_ops(graph: OpGraph) -> list[bool]:
+    """Which ops run once per sample slice (copied per wave, shard and replica).
+
+    Forward and backward ops are, except those colocated with a variable (reads of the
+    weights): they run once and send the weights to every copy.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> graph = synthetic.chain_mlp(layers=1)
+        >>> [op.name for op, copied in zip(graph.ops, batch_ops(graph)) if copied][:2]
+        ['dense_0/MatMul', 'loss/SoftmaxCrossEntropy']
+    """
+    cached = graph._structure.cache.get("batch_ops")
+    if cached is None:
+        anchored = {op.colocation for op in graph.ops if op.persistent_bytes and op.colocation}
+        cached = [
+            op.phase in BATCH_PHASES and not op.persistent_bytes and op.colocation not in anchored
+            for op in graph.ops
+        ]
+        graph._structure.cache["batch_ops"] = cached
+    return cached
+
+
+def colocation_groups(graph: OpGraph) -> list[tuple[str, list[int]]]:
+    """(group, op indices) for every colocation group of more than one op."""
+    cached = graph._structure.cache.get("colocation")
+    if cached is None:
+        groups: dict[str, list[int]] = {}
+        for i, op in enumerate(graph.ops):
+            if op.colocation is not None:
+                groups.setdefault(op.colocation, []).append(i)
+        cached = [(g, m) for g, m in groups.items() if len(m) > 1]
+        graph._structure.cache["colocation"] = cached
+    return cached
+
+
+def static_tables(graph: OpGraph, batch: float) -> dict:
+    """The task tables of a plan without copies (one task per op) at ``batch``, but for the
+    devices and durations: shared by every such plan of the graph (never mutated)."""
+    key = ("static", batch)
+    cached = graph._structure.cache.get(key)
+    if cached is not None:
+        return cached
+    ops = graph.ops
+    s = graph._structure
+    n = len(ops)
+    out_sizes = [tuple(b.fixed + b.per_sample * batch for b in op.output_bytes) for op in ops]
+    outputs = [[(k, out_sizes[i][k] if k >= 0 else 0.0, consumers) for k, consumers in s.outputs[i]]
+               for i in range(n)]
+    rank = [0] * n
+    for position, i in enumerate(s.topo):
+        rank[i] = position
+    minus = [-1] * n
+    table = {
+        "names": [op.name for op in ops],
+        "base": list(range(n)),
+        "role": ["op"] * n,
+        "outputs": outputs,
+        "out_sizes": out_sizes,
+        "temp": [op.temp_bytes.fixed + op.temp_bytes.per_sample * batch for op in ops],
+        "persistent": [float(op.persistent_bytes) for op in ops],
+        "npreds": [len(p) for p in s.preds],
+        "wave": minus, "replica": minus, "shard": minus,
+        "priority": rank,
+        "size": [float(batch)] * n,
+        "memory_tables": None,
+    }
+    graph._structure.cache[key] = table
+    return table
+
+
+def durations(graph: OpGraph, kind: str, speed: float, batch: float) -> list[float]:
+    """Every op's seconds on a device of ``kind`` and ``speed`` at ``batch``."""
+    key = ("durations", kind, speed, batch)
+    cached = graph._structure.cache.get(key)
+    if cached is None:
+        cached = [op.duration(kind, batch, speed) for op in graph.ops]
+        graph._structure.cache[key] = cached
+    return cached

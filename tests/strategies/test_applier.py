@@ -1,0 +1,84 @@
+"""Unit tests of the plan applier on hand-built TensorFlow graphs: devices by name, by layer
+scope, by shard and wave; the per-device order as control edges; what it could not apply."""
+
+import tensorflow as tf
+
+from kerasflow.planner import Op, OpGraph, Plan, Shard, Waves
+from kerasflow.strategies.applier import PlanApplier
+
+
+def traced(build):
+    """The ops ``build`` creates in a fresh graph."""
+    graph = tf.Graph()
+    with graph.as_default():
+        build()
+    return graph.get_operations()
+
+
+def chain():
+    a = tf.constant(1.0, name="dense/a")
+    b = tf.math.square(a, name="dense/b")
+    tf.math.sqrt(b, name="dense/c")
+
+
+def profile(names, layer="dense"):
+    return OpGraph([Op(n, type="X", layer=layer) for n in names], [])
+
+
+def test_ops_go_to_their_planned_device_and_others_to_their_layers_device():
+    ops = traced(chain)
+    plan = Plan(placement={"dense/a": "/CPU:1", "dense/b": "/CPU:1"})
+    applier = PlanApplier(plan, profile(["dense/a", "dense/b"]), ["/CPU:0", "/CPU:1"])
+    report = applier.apply(ops, {})
+    devices = {op.name: op.device for op in ops}
+    # dense/c is not in the plan: it follows the layer "dense", whose ops the plan put on CPU:1.
+    assert devices == {"dense/a": "/CPU:1", "dense/b": "/CPU:1", "dense/c": "/CPU:1"}
+    assert (report.placed, report.by_layer, report.unplaced) == (3, 1, [])
+    assert applier.not_applied() == []
+
+
+def test_shard_and_wave_copies_take_their_shard_device_and_wave_stage():
+    def build():
+        with tf.name_scope("wave1"), tf.name_scope("dense"), tf.name_scope("shard1"):
+            tf.constant(1.0, name="a")
+    ops = traced(build)
+    plan = Plan(placement={"dense/a": "/CPU:0"}, splits={"dense": (Shard("/CPU:0", 0.5), Shard("/CPU:1", 0.5))},
+                waves=Waves(2, stage_maps=({}, {"/CPU:0": "/CPU:1", "/CPU:1": "/CPU:0"})))
+    PlanApplier(plan, profile(["dense/a"]), ["/CPU:0", "/CPU:1"]).apply(ops, {})
+    # Shard 1 of the split layer is on CPU:1, and wave 1 swaps the two devices.
+    assert ops[0].name == "wave1/dense/shard1/a" and ops[0].device == "/CPU:0"
+
+
+def test_the_per_device_order_becomes_control_edges():
+    ops = traced(lambda: [tf.constant(1.0, name="x"), tf.constant(2.0, name="y")])
+    plan = Plan(placement={"x": "/CPU:0", "y": "/CPU:0"}, order={"/CPU:0": ["y", "x"]})
+    report = PlanApplier(plan, None, ["/CPU:0"]).apply(ops, {})
+    x, y = ops
+    assert [op.name for op in x.control_inputs] == ["y"] and report.ordered_edges == 1
+
+
+def test_an_order_against_the_data_flow_is_skipped_and_reported():
+    ops = traced(chain)
+    plan = Plan(placement={n: "/CPU:0" for n in ("dense/a", "dense/b", "dense/c")},
+                order={"/CPU:0": ["dense/c", "dense/b", "dense/a"]})
+    applier = PlanApplier(plan, profile(["dense/a", "dense/b", "dense/c"]), ["/CPU:0"])
+    report = applier.apply(ops, {})
+    assert report.ordered_edges == 0 and all(not op.control_inputs for op in ops)
+    assert applier.not_applied() == [
+        "the per-device order (the plan's order contradicts this trace's data flow (the step differs from the "
+        "profiled one); ops run in data-flow order)"]
+
+
+def test_ops_the_plan_cannot_place_are_reported():
+    ops = traced(lambda: tf.constant(1.0, name="elsewhere/k"))
+    applier = PlanApplier(Plan(placement={"dense/a": "/CPU:0"}), profile(["dense/a"]), ["/CPU:0"])
+    applier.apply(ops, {})
+    assert applier.not_applied() == ["devices for 1 ops the plan does not name, placed by TensorFlow (elsewhere/k)"]
+
+
+def test_a_refused_order_is_remembered_with_its_reason():
+    applier = PlanApplier(Plan(placement={"a": "/CPU:0"}, order={"/CPU:0": ["a"]}), None, ["/CPU:0"])
+    applier.refuse_order("InvalidArgumentError: a cycle")
+    assert applier.skip_order
+    assert applier.not_applied() == ["the per-device order (TensorFlow could not run it: InvalidArgumentError: "
+                                     "a cycle)"]

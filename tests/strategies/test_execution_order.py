@@ -1,0 +1,61 @@
+"""One execution order, three enforcers: the plan's per-device order is accepted by the task
+graph's validation, replayed as is by the simulator, and chained as control edges by the
+TensorFlow applier, for every plan kind that carries an order."""
+
+import contextlib
+
+import pytest
+import tensorflow as tf
+
+from kerasflow.planner import Cluster, cpop, heft, plan, simulate, synthetic
+from kerasflow.planner.tasknames import parse_copy_name
+from kerasflow.planner.taskgraph import build_task_graph
+from kerasflow.planner.ticktock import tick_tock_model_parallel, with_waves
+from kerasflow.strategies.applier import PlanApplier
+from kerasflow.strategies.scopes import shard_scope, wave_scope
+
+
+def ordered_plans():
+    graph, cluster = synthetic.build("transformer"), Cluster.preset("4xV100-nvlink")
+    placed = heft(graph, cluster)
+    split = plan(graph, cluster, tick_tock="off", candidates=("heft",), max_split_evaluations=6, verbose=0)
+    yield "heft", graph, cluster, placed
+    yield "cpop", graph, cluster, cpop(graph, cluster)
+    yield "layer affinity", graph, cluster, heft(graph, cluster, affinity="layer")
+    yield "splits", graph, cluster, split
+    yield "waves", graph, cluster, with_waves(placed, graph, cluster)
+    yield "tick-tock model parallel", graph, cluster, tick_tock_model_parallel(graph, cluster)
+
+
+def traced_copies(order):
+    """A TensorFlow graph with one op per task of ``order``, named as the plan-applying step
+    names the copies (wave and shard scopes around the profiled name)."""
+    graph = tf.Graph()
+    by_task = {}
+    with graph.as_default():
+        for tasks in order.values():
+            for task in tasks:
+                base, _, wave, shard = parse_copy_name(task)
+                scopes = [wave_scope(wave)] * (wave >= 0) + [shard_scope(shard)] * (shard >= 0)
+                # A trailing "/" re-enters the scope as is (the step enters it once per copy).
+                with graph.name_scope("/".join(scopes) + "/") if scopes else contextlib.nullcontext():
+                    by_task[task] = tf.constant(0.0, name=base)
+    return graph.get_operations(), by_task
+
+
+@pytest.mark.parametrize("kind, graph, cluster, candidate", list(ordered_plans()), ids=lambda v: v
+                         if isinstance(v, str) else "")
+def test_validation_simulation_and_the_applier_run_the_same_order(kind, graph, cluster, candidate):
+    assert candidate.order, f"{kind}: the plan carries no order"
+    if kind == "splits":
+        assert candidate.splits, "the split search found nothing to split"
+    build_task_graph(graph, cluster, candidate)  # validation accepts the order
+    simulated = simulate(graph, cluster, candidate).start_order()
+    assert simulated == {device: list(tasks) for device, tasks in candidate.order.items()}
+    ops, by_task = traced_copies(candidate.order)
+    applier = PlanApplier(candidate, graph, cluster.device_names)
+    report = applier.apply(ops, {})
+    assert applier.not_applied() == [] and report.order_skipped == ""
+    for tasks in candidate.order.values():
+        for before, after in zip(tasks, tasks[1:]):
+            assert by_task[before].op in by_task[after].op.control_inputs, (kind, before, after)
