@@ -56,7 +56,7 @@ MUTATIONS = [
              "seconds = 0.0 if link is None else 2 * (replicas - 1) * (",
              "seconds = 0.0 if link is None else (replicas - 1) * ("),
     Mutation("the step-time bound sends weight gradients for free", "kerasflow/planner/bounds.py",
-             "        return self.lowest_latency + nbytes / self.fastest_bandwidth", "        return 0.0"),
+             "        transfer = self.lowest_latency + nbytes / self.fastest_bandwidth", "        transfer = 0.0"),
     Mutation("split ops in the bound counted whole", "kerasflow/planner/bounds.py",
              "        return self.fixed[i] + self.per_batch[i] / micro_batches / (self.count if self.splits[i] else 1)",
              "        return self.fixed[i] + self.per_batch[i] / micro_batches"),

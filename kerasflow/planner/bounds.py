@@ -130,13 +130,18 @@ class _OpCosts:
             return self.fixed[i] + self.per_batch[i]
         return self.fixed[i] + self.per_batch[i] / micro_batches / (self.count if self.splits[i] else 1)
 
-    def all_copies(self, i: int, micro_batches: float) -> float:
-        """Batch op ``i``'s seconds when one device runs every micro-batch of it, whole."""
-        return self.fixed[i] * micro_batches + self.per_batch[i]
-
-    def gather(self, nbytes: float) -> float:
-        """The least time ``nbytes`` take from one device to another."""
-        return self.lowest_latency + nbytes / self.fastest_bandwidth
+    def until_gathered(self, i: int, micro_batches: float, nbytes: float) -> float:
+        """The least time from batch op ``i``'s first start until an op on one device has every
+        copy's ``nbytes`` output: one device runs every copy (a fixed cost each), or the work
+        is spread and a remote part's output crosses a link. Spread best, the consumer's device
+        runs a share ``x`` and the others the rest in parallel: ``x = P/D + t(D-1)/D`` for a
+        transfer of ``t`` seconds equalises the two sides (shares of any size allowed)."""
+        alone = self.fixed[i] * micro_batches + self.per_batch[i]
+        if not (self.splits[i] or micro_batches > 1) or self.count < 2:
+            return alone  # it runs whole on one device
+        transfer = self.lowest_latency + nbytes / self.fastest_bandwidth
+        spread = self.fixed[i] + (self.per_batch[i] + transfer * (self.count - 1)) / self.count
+        return min(alone, spread)
 
 
 def _longest_path(graph: OpGraph, costs: _OpCosts, micro_batches: float) -> float:
@@ -144,8 +149,7 @@ def _longest_path(graph: OpGraph, costs: _OpCosts, micro_batches: float) -> floa
 
     A batch op counts one micro-batch of it, split if its layer can be. An op that runs once
     (the weight update) waits for every copy of a batch op whose output does not grow with the
-    batch (a weight gradient): either all of them ran on its device one after another (the
-    op's whole work, a fixed cost per micro-batch) or a remote copy's output crossed a link.
+    batch (a weight gradient): ``until_gathered`` after the op's first start.
     """
     s = graph._structure
     start = [0.0] * len(graph.ops)
@@ -157,7 +161,7 @@ def _longest_path(graph: OpGraph, costs: _OpCosts, micro_batches: float) -> floa
             towards_once = 0.0
             size = graph.ops[i].output_bytes[k] if k >= 0 else None
             if costs.is_batch[i] and size is not None and not size.scales_with_batch and size.fixed > 0:
-                towards_once = max(0.0, min(costs.all_copies(i, micro_batches), own + costs.gather(size.fixed)) - own)
+                towards_once = max(0.0, costs.until_gathered(i, micro_batches, size.fixed) - own)
             for c in consumers:
                 start[c] = max(start[c], finish[i] + (0.0 if costs.is_batch[c] else towards_once))
     return max(finish, default=0.0)

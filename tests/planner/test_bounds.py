@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 
-from kerasflow.planner import Cluster, OpGraph, lower_bound, plan, step_time_bound, synthetic
+from kerasflow.planner import Cluster, OpGraph, Plan, Shard, lower_bound, plan, simulate, step_time_bound, synthetic
 from tests.planner.helpers import cluster, op
 
 
@@ -87,3 +87,17 @@ def test_no_plan_beats_its_bound(family, preset):
     bound = step_time_bound(graph, c)
     family = bound.micro_batched if waved.data_parallel is None else bound.replicated
     assert math.isfinite(family) and waved.predicted_step_time >= family * (1 - 1e-9)
+
+
+def test_uneven_shards_can_hide_most_of_a_gradient_transfer_and_the_bound_allows_it():
+    # One split op, 1 s per sample at batch 8, its 400 B gradient read by a 1 s update; two
+    # devices, 100 B/s. Shards of 6 and 2 samples: the remote 2 s shard plus its 4 s transfer
+    # end with the local 6 s one, so the update runs 6-7. The bound is that 7 s: the local share
+    # x equalises x = 8/2 + 4(2-1)/2 = 6 s (an even split would wait 4 + 4 = 8 s).
+    graph = OpGraph([op("L/grad", (0.0, 1.0), [400], layer="L", phase="backward", batch_axis=0),
+                     op("L/update", 1.0, [], layer="L", phase="update")], [("L/grad", "L/update", 0)], batch_size=8)
+    c = cluster(2, bandwidth=100.0)
+    assert step_time_bound(graph, c).one_pass == pytest.approx(7.0)
+    uneven = Plan(placement={"L/grad": "/D:0", "L/update": "/D:0"},
+                  splits={"L": (Shard("/D:0", 0.75), Shard("/D:1", 0.25))})
+    assert simulate(graph, c, uneven).makespan == pytest.approx(7.0)
