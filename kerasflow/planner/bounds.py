@@ -12,9 +12,10 @@ each by what every plan of that family must pay:
   splits): the larger of the average work (each op at its best device, over the device count)
   and the longest path, where an op counts whole unless its layer is splittable
   (``splitting.splittable_layers``; BatchNormalization and ops without a layer run whole), a
-  split op counts its fixed cost plus its per-sample work shared by every device, and a split
-  op whose output does not grow with the batch (a weight gradient) must also send that output
-  from a remote shard over the fastest link before its consumer runs.
+  split op counts its fixed cost plus its per-sample work shared by every device, and before
+  an op that runs once (the update) reads a split op's batch-independent output (a weight
+  gradient), a remote shard's part must cross the fastest link: at best the consumer's device
+  runs the larger share while the others' transfer lands (``_OpCosts.until_gathered``).
 - **micro-batched** (one replica, the batch in two or more waves or micro-batches: Tick-Tock
   waves, pipelines): every batch op runs once per micro-batch and pays its fixed cost each
   time, while one micro-batch's path carries at most half the per-sample work.
