@@ -2,7 +2,7 @@
 
 Each pattern is trained three times from the same seed: on the default strategy (plain
 Keras), under ``FastTStrategy`` and with the ``FastT`` callback (two of the largest,
-MobileNet and the text transformer, only under the strategy, to keep the suite within its
+MobileNetV2 and the text transformer, only under the strategy, to keep the suite within its
 time; ``benchmarks/compat_table.py`` runs every pattern through both doors). Through each door the
 plan must be applied and still in force at the end (no fallback warning) and the losses
 must equal plain Keras' to 1e-5 relative. The model trained under the strategy (its
