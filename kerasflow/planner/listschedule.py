@@ -106,126 +106,107 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
     Raises:
         InsufficientMemoryError: no device can hold some op.
     """
-    n = len(tg)
-    num_devices = len(cluster)
     costs = costs or TaskCosts(tg, graph, cluster, fixed)
-    fixed = fixed or [-1] * n
-    preferred = preferred or {}
-    budgets = budgets or memory_budgets(cluster)
-    latency = cluster.latency_matrix
-    inverse = cluster.inverse_bandwidth_matrix
-    class_costs = costs.by_class
-    device_class = costs.device_class
-    preds = predecessors(tg)
-    outputs = tg.outputs
-    topo_position = [0] * n
-    for position, t in enumerate(topological_tasks(tg)):
-        topo_position[t] = position
+    fixed = fixed or [-1] * len(tg)
+    return _ListScheduler(tg, graph, cluster, costs, fixed, preferred or {},
+                          budgets or memory_budgets(cluster), affinity).run(priority)
 
-    groups = _scheduling_groups(tg, graph, fixed, class_costs, affinity)
-    group_of, group_device, group_persistent = groups.group_of, groups.device, groups.persistent
-    group_work, shard_devices = groups.work, groups.shard_devices
-    homed_work = [0.0] * num_devices
-    deferred_members: list[list[int]] = [[] for _ in group_device]
-    deferred_cost = [[0.0] * len(class_costs) for _ in group_device]
-    is_deferred = [False] * n
 
-    device = [-1] * n
-    start = [0.0] * n
-    finish = [0.0] * n
-    timelines = _Timelines(num_devices)
-    slot = timelines.slot
-    live = [0.0] * num_devices
-    out_total = [sum(sizes) for sizes in tg.out_sizes]
-    waiting_consumers = [sum(len(c) for _, _, c in entries) for entries in outputs]
-    # producer -> [(device, bytes, arrival)] of the copies of its outputs sent to other devices
-    copies: list[list[tuple[int, float, float]]] = [[] for _ in range(n)]
-    # Each directed link carries one transfer at a time, as in the simulator.
-    link_free = [[0.0] * num_devices for _ in range(num_devices)]
+class _ListScheduler:
+    """The state of one list schedule: where tasks are, what each device holds, what is waiting.
 
-    def arrival_on(p: int, nbytes: float, d: int) -> tuple[float, bool]:
-        """When p's output can be on device d, and whether that needs a new transfer."""
-        dp = device[p]
-        if dp == d:
-            return finish[p], False
-        for x, _, arrival in copies[p]:
-            if x == d:
-                return arrival, False
-        begin = finish[p] if finish[p] > link_free[dp][d] else link_free[dp][d]
-        return begin + latency[dp][d] + nbytes * inverse[dp][d], True
+    ``run`` takes the ready task of highest priority, then either defers it (a variable or
+    its read: it waits for the op that uses it, see ``_defer``), or chooses its device
+    (``_choose``) and commits it there with its input transfers (``_commit``).
+    """
 
-    def place(t: int, d: int, ready: float) -> None:
-        duration = class_costs[device_class[d]][t]
-        begin = timelines.occupy(d, t, ready, duration)
-        device[t], start[t], finish[t] = d, begin, begin + duration
+    def __init__(self, tg: TaskGraph, graph: OpGraph, cluster: Cluster, costs: TaskCosts, fixed: list[int],
+                 preferred: dict[int, int], budgets: list[float], affinity: str):
+        n = len(tg)
+        self.tg, self.graph, self.fixed, self.preferred, self.budgets = tg, graph, fixed, preferred, budgets
+        self.num_devices = len(cluster)
+        self.class_costs = costs.by_class
+        self.device_class = costs.device_class
+        self.preds = predecessors(tg)
+        self.topo_position = [0] * n
+        for position, t in enumerate(topological_tasks(tg)):
+            self.topo_position[t] = position
+        groups = _scheduling_groups(tg, graph, fixed, self.class_costs, affinity)
+        self.group_of, self.group_device, self.group_persistent = groups.group_of, groups.device, groups.persistent
+        self.group_work, self.shard_devices = groups.work, groups.shard_devices
+        self.homed_work = [0.0] * self.num_devices
+        self.deferred_members: list[list[int]] = [[] for _ in self.group_device]
+        self.deferred_cost = [[0.0] * len(self.class_costs) for _ in self.group_device]
+        self.is_deferred = [False] * n
+        self.device = [-1] * n
+        self.start = [0.0] * n
+        self.finish = [0.0] * n
+        self.timelines = _Timelines(self.num_devices)
+        self.live = [0.0] * self.num_devices
+        self.out_total = [sum(sizes) for sizes in tg.out_sizes]
+        self.waiting_consumers = [sum(len(c) for _, _, c in entries) for entries in tg.outputs]
+        # producer -> [(device, bytes, arrival)] of the copies of its outputs sent to other devices
+        self.copies: list[list[tuple[int, float, float]]] = [[] for _ in range(n)]
+        # Each directed link carries one transfer at a time, as in the simulator.
+        self.link_free = [[0.0] * self.num_devices for _ in range(self.num_devices)]
+        self.missing = list(tg.npreds)
+        self.heap: list[tuple[float, int, int]] = []
+        self._arrival_on = _arrival_function(self.device, self.finish, self.copies, self.link_free,
+                                             cluster.latency_matrix, cluster.inverse_bandwidth_matrix)
 
-    def release(t: int) -> None:
-        """A consumer of ``t`` was scheduled: free t's outputs once all consumers are."""
-        waiting_consumers[t] -= 1
-        if waiting_consumers[t] == 0:
-            if device[t] >= 0:
-                live[device[t]] -= out_total[t]
-            for d, nbytes, _ in copies[t]:
-                live[d] -= nbytes
-
-    def bind(g: int, d: int) -> None:
-        group_device[g] = d
-        live[d] += group_persistent[g]
-        homed_work[d] += group_work[g][device_class[d]]
-        ready = 0.0
-        for member in deferred_members[g]:
-            member_ready = max((finish[p] for p, _ in preds[member] if device[p] >= 0), default=0.0)
-            place(member, d, max(ready, member_ready))
-            ready = finish[member]
-            is_deferred[member] = False
-            live[d] += out_total[member]
-            for p, _ in preds[member]:
-                release(p)
-        deferred_members[g].clear()
-
-    def home_by_load(g: int, devices: list[int]) -> int:
-        """The device of ``devices`` with the least group work once ``g`` joins it (memory
-        permitting; the first such device on a tie)."""
-        roomy = [d for d in devices if live[d] + group_persistent[g] <= budgets[d]] or devices
-        return min(roomy, key=lambda d: (homed_work[d] + group_work[g][device_class[d]], devices.index(d)))
-
-    missing = list(tg.npreds)
-    heap = [(-priority[t], topo_position[t], t) for t in range(n) if missing[t] == 0]
-    heapq.heapify(heap)
-
-    def done(t: int) -> None:
-        for _, _, consumers in outputs[t]:
-            for c in consumers:
-                missing[c] -= 1
-                if missing[c] == 0:
-                    heapq.heappush(heap, (-priority[c], topo_position[c], c))
-
-    while heap:
-        t = heapq.heappop(heap)[2]
-        g = group_of[t]
-        if g >= 0 and group_device[g] < 0 and fixed[t] < 0 and all(group_of[p] == g for p, _ in preds[t]):
-            # A variable or a read of it: wait for the op that uses it.
-            is_deferred[t] = True
-            deferred_members[g].append(t)
-            for c in range(len(class_costs)):
-                deferred_cost[g][c] += class_costs[c][t]
-            done(t)
-            continue
-        pending_groups = {group_of[p] for p, _ in preds[t] if is_deferred[p]}
-        if g >= 0 and group_device[g] < 0:
-            pending_groups.add(g)
-        if fixed[t] >= 0 and tg.shard[t] >= 0 and pending_groups:
-            # A split layer's weights: homed by load among its shards' devices, then copied.
+    def run(self, priority: list[float]) -> Schedule:
+        """Schedules every task, highest ``priority`` first among the ready ones."""
+        self.priority = priority
+        group_of, group_device, fixed = self.group_of, self.group_device, self.fixed
+        preds, is_deferred, shard_of = self.preds, self.is_deferred, self.tg.shard
+        self.heap = [(-priority[t], self.topo_position[t], t) for t in range(len(self.tg)) if self.missing[t] == 0]
+        heapq.heapify(self.heap)
+        while self.heap:
+            t = heapq.heappop(self.heap)[2]
+            g = group_of[t]
+            if g >= 0 and group_device[g] < 0 and fixed[t] < 0 and all(group_of[p] == g for p, _ in preds[t]):
+                self._defer(t, g)
+                continue
+            pending_groups = {group_of[p] for p, _ in preds[t] if is_deferred[p]}
+            if g >= 0 and group_device[g] < 0:
+                pending_groups.add(g)
+            if fixed[t] >= 0 and shard_of[t] >= 0 and pending_groups:
+                # A split layer's weights: homed by load among its shards' devices, then copied.
+                for x in sorted(pending_groups):
+                    self._bind(x, self._home_by_load(x, self.shard_devices[self.tg.base[t]]))
+                pending_groups = set()
+            d = self._choose(t, g, pending_groups)
             for x in sorted(pending_groups):
-                bind(x, home_by_load(x, shard_devices[tg.base[t]]))
-            pending_groups = set()
-        if fixed[t] >= 0:
-            candidates = [fixed[t]]
-        elif g >= 0 and group_device[g] >= 0:
-            candidates = [group_device[g]]
+                self._bind(x, d)
+            self._commit(t, d, g)
+        # Groups no op ever used (a variable without consumers): least-loaded device.
+        for g, members in enumerate(self.deferred_members):
+            if members:
+                self._bind(g, min(range(self.num_devices), key=lambda d: (self.live[d] / self.budgets[d], d)))
+        return Schedule(self.device, self.start, self.finish, self.timelines.sequence, max(self.finish, default=0.0))
+
+    def _defer(self, t: int, g: int) -> None:
+        """A variable or a read of it: it waits, unplaced, for the op that uses it."""
+        self.is_deferred[t] = True
+        self.deferred_members[g].append(t)
+        for c, by_task in enumerate(self.class_costs):
+            self.deferred_cost[g][c] += by_task[t]
+        self._done(t)
+
+    def _choose(self, t: int, g: int, pending_groups: set[int]) -> int:
+        """The device where ``t`` finishes earliest (its preferred one first) with room for it."""
+        tg, class_costs, device_class, preds = self.tg, self.class_costs, self.device_class, self.preds
+        is_deferred, group_of, deferred_cost = self.is_deferred, self.group_of, self.deferred_cost
+        arrival_on, slot, live, budgets = self._arrival_on, self.timelines.slot, self.live, self.budgets
+        if self.fixed[t] >= 0:
+            candidates = [self.fixed[t]]
+        elif g >= 0 and self.group_device[g] >= 0:
+            candidates = [self.group_device[g]]
         else:
-            candidates = range(num_devices)
-        binding_bytes = sum(group_persistent[x] for x in pending_groups)
+            candidates = range(self.num_devices)
+        own_bytes = self.out_total[t] + tg.temp[t] + sum(self.group_persistent[x] for x in pending_groups) + (
+            tg.persistent[t] if g < 0 else 0.0)
+        preferred = self.preferred.get(t)
         best = None
         largest_free = -1.0
         smallest_need = float("inf")
@@ -241,46 +222,104 @@ def list_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, priority: lis
                         received += nbytes
                 if arrival > ready:
                     ready = arrival
-            need = out_total[t] + tg.temp[t] + binding_bytes + received + (
-                tg.persistent[t] if g < 0 else 0.0)
+            need = own_bytes + received
             free = budgets[d] - live[d]
             if need > free:
                 largest_free = max(largest_free, free)
                 smallest_need = min(smallest_need, need)
                 continue
-            begin, _ = slot(d, ready, class_costs[device_class[d]][t])
-            eft = begin + class_costs[device_class[d]][t]
-            key = (0 if preferred.get(t) == d else 1, eft, d) if t in preferred else (eft, d)
+            duration = class_costs[device_class[d]][t]
+            begin, _ = slot(d, ready, duration)
+            key = (0 if preferred == d else 1, begin + duration, d) if preferred is not None else (
+                begin + duration, d)
             if best is None or key < best[0]:
                 best = (key, d)
         if best is None:
-            raise _fits_nowhere(graph.ops[tg.base[t]].name if tg.base[t] >= 0 else tg.names[t], smallest_need,
+            raise _fits_nowhere(self.graph.ops[tg.base[t]].name if tg.base[t] >= 0 else tg.names[t], smallest_need,
                                 largest_free, budgets)
-        d = best[1]
-        for x in sorted(pending_groups):
-            bind(x, d)
-        # Commit the transfers (deferred inputs are placed for real now) and the task.
+        return best[1]
+
+    def _commit(self, t: int, d: int, g: int) -> None:
+        """Places ``t`` on ``d`` with its input transfers (deferred inputs are placed for real now)."""
         ready = 0.0
-        for p, nbytes in preds[t]:
-            arrival, new = arrival_on(p, nbytes, d)
+        for p, nbytes in self.preds[t]:
+            arrival, new = self._arrival_on(p, nbytes, d)
             if new:
-                link_free[device[p]][d] = arrival
-                copies[p].append((d, nbytes, arrival))
-                live[d] += nbytes
+                self.link_free[self.device[p]][d] = arrival
+                self.copies[p].append((d, nbytes, arrival))
+                self.live[d] += nbytes
             if arrival > ready:
                 ready = arrival
-        place(t, d, ready)
-        live[d] += out_total[t] + (tg.persistent[t] if g < 0 else 0.0)
-        for p, _ in preds[t]:
-            release(p)
-        done(t)
+        self._place(t, d, ready)
+        self.live[d] += self.out_total[t] + (self.tg.persistent[t] if g < 0 else 0.0)
+        for p, _ in self.preds[t]:
+            self._release(p)
+        self._done(t)
 
-    # Groups no op ever used (a variable without consumers): least-loaded device.
-    for g, members in enumerate(deferred_members):
-        if members:
-            bind(g, min(range(num_devices), key=lambda d: (live[d] / budgets[d], d)))
-    makespan = max(finish, default=0.0)
-    return Schedule(device, start, finish, timelines.sequence, makespan)
+    def _place(self, t: int, d: int, ready: float) -> None:
+        duration = self.class_costs[self.device_class[d]][t]
+        begin = self.timelines.occupy(d, t, ready, duration)
+        self.device[t], self.start[t], self.finish[t] = d, begin, begin + duration
+
+    def _release(self, t: int) -> None:
+        """A consumer of ``t`` was scheduled: free t's outputs once all consumers are."""
+        self.waiting_consumers[t] -= 1
+        if self.waiting_consumers[t] == 0:
+            if self.device[t] >= 0:
+                self.live[self.device[t]] -= self.out_total[t]
+            for d, nbytes, _ in self.copies[t]:
+                self.live[d] -= nbytes
+
+    def _bind(self, g: int, d: int) -> None:
+        """Puts group ``g`` on ``d``, placing its deferred members in the order they came."""
+        self.group_device[g] = d
+        self.live[d] += self.group_persistent[g]
+        self.homed_work[d] += self.group_work[g][self.device_class[d]]
+        ready = 0.0
+        for member in self.deferred_members[g]:
+            member_ready = max((self.finish[p] for p, _ in self.preds[member] if self.device[p] >= 0), default=0.0)
+            self._place(member, d, max(ready, member_ready))
+            ready = self.finish[member]
+            self.is_deferred[member] = False
+            self.live[d] += self.out_total[member]
+            for p, _ in self.preds[member]:
+                self._release(p)
+        self.deferred_members[g].clear()
+
+    def _home_by_load(self, g: int, devices: list[int]) -> int:
+        """The device of ``devices`` with the least group work once ``g`` joins it (memory
+        permitting; the first such device on a tie)."""
+        roomy = [d for d in devices if self.live[d] + self.group_persistent[g] <= self.budgets[d]] or devices
+        return min(roomy, key=lambda d: (self.homed_work[d] + self.group_work[g][self.device_class[d]],
+                                         devices.index(d)))
+
+    def _done(self, t: int) -> None:
+        """``t`` is scheduled (or deferred): its consumers with no other missing input become ready."""
+        missing, priority, topo_position = self.missing, self.priority, self.topo_position
+        for _, _, consumers in self.tg.outputs[t]:
+            for c in consumers:
+                missing[c] -= 1
+                if missing[c] == 0:
+                    heapq.heappush(self.heap, (-priority[c], topo_position[c], c))
+
+
+def _arrival_function(device: list[int], finish: list[float], copies: list[list[tuple[int, float, float]]],
+                      link_free: list[list[float]], latency, inverse):
+    """``arrival_on(p, nbytes, d)``: when p's output can be on device d, and whether that needs
+    a new transfer. A closure over the scheduler's lists: it runs once per input per device
+    tried, the planner's hottest call."""
+
+    def arrival_on(p: int, nbytes: float, d: int) -> tuple[float, bool]:
+        dp = device[p]
+        if dp == d:
+            return finish[p], False
+        for x, _, arrival in copies[p]:
+            if x == d:
+                return arrival, False
+        begin = finish[p] if finish[p] > link_free[dp][d] else link_free[dp][d]
+        return begin + latency[dp][d] + nbytes * inverse[dp][d], True
+
+    return arrival_on
 
 
 class _Timelines:

@@ -193,13 +193,7 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
     latency = cluster.latency_matrix
     inverse_bw = cluster.inverse_bandwidth_matrix
     orders = list(tg.orders) + [None]
-    # A task goes to its device's priority queue unless the device follows an order and
-    # the task is one the order lists (auxiliary copies run as soon as they are ready).
-    queued = [True] * n
-    if any(o is not None for o in tg.orders):
-        for order in tg.orders:
-            for t in order or ():
-                queued[t] = False
+    queued = _queued_tasks(tg)
     missing = list(tg.npreds)
     ready_at = [0.0] * n
     start = [0.0] * n
@@ -310,13 +304,27 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
             woken.clear()
 
     if finished != n:
-        stuck = [tg.names[t] for t in range(n) if end[t] < 0]
-        raise SimulationError(
-            f"The step deadlocked: {n - finished} task(s) never ran, e.g. {stuck[:3]}. The plan's "
-            "device orders contradict the data flow; validate the plan or replan.")
+        raise _deadlock(tg, end)
     result = _result(tg, start, end, transfers, memory)
     result.dispatch_order = dispatched
     return result
+
+
+def _queued_tasks(tg: TaskGraph) -> list[bool]:
+    """Per task, whether it goes to its device's priority queue: all do, except the tasks a
+    device's order lists (auxiliary copies run as soon as they are ready)."""
+    queued = [True] * len(tg)
+    for order in tg.orders:
+        for t in order or ():
+            queued[t] = False
+    return queued
+
+
+def _deadlock(tg: TaskGraph, end: list[float]) -> SimulationError:
+    stuck = [tg.names[t] for t in range(len(tg)) if end[t] < 0]
+    return SimulationError(
+        f"The step deadlocked: {len(stuck)} task(s) never ran, e.g. {stuck[:3]}. The plan's "
+        "device orders contradict the data flow; validate the plan or replan.")
 
 
 def _result(tg: TaskGraph, start, end, transfers, memory: bool) -> SimulationResult:

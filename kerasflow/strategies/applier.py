@@ -222,9 +222,7 @@ def _would_cycle(ops: list[tf.Operation], extra: list[tuple[tf.Operation, tf.Ope
     """True when adding ``extra`` edges (before -> after) could make the ops' graph cyclic.
 
     ``tf.function`` adds its automatic control dependencies after the step is traced, so
-    they are not among the ops' edges yet: they order the stateful ops (variable reads and
-    writes, random ops) in program order. Chaining every stateful op in program order
-    orders at least as much, so a graph acyclic with that chain stays acyclic with them.
+    they are not among the ops' edges yet; ``_automatic_dependencies`` adds what they will be.
     """
     index = {id(op): i for i, op in enumerate(ops)}
     successors: list[list[int]] = [[] for _ in ops]
@@ -234,12 +232,49 @@ def _would_cycle(ops: list[tf.Operation], extra: list[tuple[tf.Operation, tf.Ope
         if ia is not None and ib is not None:
             successors[ia].append(ib)
 
-    stateful = [op for op in ops if _stateful(op)]
     for op in ops:
         for tensor in op.inputs:
             link(tensor.op, op)
         for control in op.control_inputs:
             link(control, op)
-    for before, after in list(zip(stateful, stateful[1:])) + list(extra):
+    for before, after in _automatic_dependencies(ops) + list(extra):
         link(before, after)
     return bool(topological_order(successors)[1])
+
+
+def _automatic_dependencies(ops: list[tf.Operation]) -> list[tuple[tf.Operation, tf.Operation]]:
+    """The edges ``tf.function``'s automatic control dependencies add among ``ops`` (or more).
+
+    As TensorFlow does, in program order: per resource, a read waits for the last write and a
+    write for the last write and every read since; stateful ops without a resource run one after
+    another. Where TensorFlow's own read/write analysis is not available, every stateful op is
+    chained in program order instead, which orders at least as much.
+    """
+    try:
+        from tensorflow.python.framework.auto_control_deps import _get_resource_inputs, ResourceType
+    except ImportError:
+        stateful = [op for op in ops if _stateful(op)]
+        return list(zip(stateful, stateful[1:]))
+    edges = []
+    last_write: dict = {}
+    reads_since: dict = {}
+    last_stateful = None
+    for op in ops:
+        touched = set()
+        for tensor, kind in _get_resource_inputs(op):
+            key = tensor.ref()
+            if key in touched:
+                continue
+            touched.add(key)
+            if key in last_write:
+                edges.append((last_write[key], op))
+            if kind == ResourceType.READ_ONLY:
+                reads_since.setdefault(key, []).append(op)
+            else:
+                edges.extend((read, op) for read in reads_since.pop(key, []))
+                last_write[key] = op
+        if not touched and getattr(op, "_is_stateful", False):
+            if last_stateful is not None:
+                edges.append((last_stateful, op))
+            last_stateful = op
+    return edges

@@ -82,3 +82,38 @@ def test_a_refused_order_is_remembered_with_its_reason():
     assert applier.skip_order
     assert applier.not_applied() == ["the per-device order (TensorFlow could not run it: InvalidArgumentError: "
                                      "a cycle)"]
+
+
+def updates_of_two_variables(order, same_variable=False):
+    """Traces ``v1 = v1 * 2; v2 = v2 + 1`` (or both on v1) with the applier ordering the two
+    math ops as ``order`` says; returns the applier's report and the variables after one run."""
+    v1, v2 = tf.Variable(3.0), tf.Variable(5.0)
+    second = v1 if same_variable else v2
+    plan = Plan(placement={"m1": "/CPU:0", "m2": "/CPU:0"}, order={"/CPU:0": order})
+    applier = PlanApplier(plan, None, ["/CPU:0"])
+    reports = []
+
+    @tf.function
+    def step():
+        graph = tf.compat.v1.get_default_graph()
+        v1.assign(tf.multiply(v1.read_value(), 2.0, name="m1"))
+        second.assign(tf.add(second.read_value(), 1.0, name="m2"))
+        reports.append(applier.apply(graph.get_operations(), {}))
+
+    step()
+    return reports[0], applier, (float(v1.numpy()), float(v2.numpy()))
+
+
+def test_an_order_across_independent_variables_is_applied():
+    # tf.function orders ops per variable only: m2 (on v2) may run before m1 (on v1). A check
+    # that chained every stateful op in program order (v1's write before v2's read) saw a cycle.
+    report, applier, values = updates_of_two_variables(["m2", "m1"])
+    assert report.ordered_edges == 1 and report.order_skipped == ""
+    assert values == (6.0, 6.0)
+
+
+def test_an_order_against_one_variables_program_order_is_skipped():
+    # Both on v1: the second read waits for the first write, which needs m1; m2 before m1 is a cycle.
+    report, applier, values = updates_of_two_variables(["m2", "m1"], same_variable=True)
+    assert report.ordered_edges == 0 and report.order_skipped.startswith("the plan's order contradicts")
+    assert values == (7.0, 5.0)
