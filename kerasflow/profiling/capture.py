@@ -179,7 +179,7 @@ def capture_step(model, batch) -> CapturedStep:
             else:
                 object.__setattr__(layer, "call", own)
     graph = concrete.graph
-    operations = graph.get_operations()
+    operations = live_operations(graph.get_operations(), list(graph.outputs) + list(graph.control_outputs))
     batch_size = int(tf.nest.flatten(spec)[0].shape[0])
 
     # Forward ops: the innermost layer call that created them.
@@ -196,6 +196,30 @@ def capture_step(model, batch) -> CapturedStep:
     _layers_of_updates(captured, group_layer)
     _batch_axes(captured, layer_objects)
     return CapturedStep(captured, concrete, batch_size, layer_types)
+
+
+def live_operations(operations: list[tf.Operation], outputs) -> list[tf.Operation]:
+    """The ops of ``operations`` that run: those a step output or a stateful op needs.
+
+    TensorFlow prunes the rest from a function before it runs it (an ``Identity`` Keras' optimizer
+    makes and never reads, the shapes of a gradient it simplified), so the profile leaves them
+    out, and the applier neither places nor reports them: the simulator would otherwise send
+    tensors to ops that never run.
+
+    Args:
+        operations: a traced step's ops, in creation order.
+        outputs: the tensors (and ops) the step returns or must run.
+    """
+    needed = {t if isinstance(t, tf.Operation) else t.op for t in outputs}
+    needed |= {op for op in operations if op._is_stateful}
+    stack = list(needed)
+    while stack:
+        op = stack.pop()
+        for producer in [t.op for t in op.inputs] + list(op.control_inputs):
+            if producer not in needed:
+                needed.add(producer)
+                stack.append(producer)
+    return [op for op in operations if op in needed]
 
 
 def _variable_groups(model, graph) -> dict[str, tuple[str, int]]:

@@ -5,7 +5,11 @@ included). An op's device comes from the plan by name; ops the plan does not kno
 relaxed-shape retrace adds some) are placed by their layer's device, found from their name
 scope; copies made by splits (``.../shard<i>/...``) and waves (``wave<w>/...``) take their
 shard's device and their wave's stage map. Ops that take a variable run where the variable
-lives. Each device's order is enforced with control edges, unless that would close a
+lives. A split layer's shards are cut where their input is made and joined where the joined
+tensor is used, as the simulator's split and concat tasks run. An op left without a device
+whose consumers share one runs there (the sum of a split layer's weight gradients, created by
+autodiff, runs where the update does, as simulated).
+Each device's order is enforced with control edges, unless that would close a
 cycle (then the order is skipped, and ``placement_report()`` says so).
 """
 
@@ -19,7 +23,7 @@ from kerasflow.planner.graph import OpGraph
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.tasknames import parse_copy_name
 from kerasflow.planner.toposort import topological_order
-from kerasflow.strategies.scopes import split_name
+from kerasflow.strategies.scopes import shard_boundary, split_name
 
 __all__ = ["PlanApplier", "ApplyReport"]
 
@@ -68,6 +72,7 @@ class PlanApplier:
         for layer, shards in plan.splits.items():
             self.layer_device.setdefault(layer, shards[0].device)
         self.last_report = ApplyReport()
+        self.tensor_bytes: dict[str, float | None] = {}  # "<op>:<i>" -> bytes, from the last trace
         self.skip_order = False  # set when TensorFlow refused the ordered step
         self.order_refused = ""  # TensorFlow's reason, when it did
 
@@ -150,6 +155,16 @@ class PlanApplier:
             if _colocation_target(op) is not None:
                 colocated.append(op)  # TensorFlow keeps it with another op: placed after that one
                 continue
+            boundary = shard_boundary(op.name)
+            if boundary is not None:
+                # A cut runs where its input is made; a join where it is used (placed below).
+                device = self._input_device(op) if boundary == "split" else None
+                if device is None:
+                    report.unplaced.append(op.name)
+                else:
+                    op._set_device(device)
+                    report.placed += 1
+                continue
             device, by_layer = self.device_for(op.name)
             if device is None:
                 report.unplaced.append(op.name)
@@ -158,6 +173,7 @@ class PlanApplier:
             report.placed += 1
             report.by_layer += by_layer
         graph = ops[0].graph if ops else None
+        self.tensor_bytes = {f"{op.name}:{i}": _static_bytes(t) for op in ops for i, t in enumerate(op.outputs)}
         for op in colocated:
             target = _colocation_target(op)
             try:
@@ -167,9 +183,38 @@ class PlanApplier:
             if anchor.device:
                 op._set_device(anchor.device)
                 report.placed += 1
+        self._place_by_consumers(by_name, report)
         self._order(ops, by_name, report)
         self.last_report = report
         return report
+
+    def _input_device(self, op: tf.Operation) -> str | None:
+        """Where ``op``'s first input is made: its producer's device, else the plan's for it."""
+        if not op.inputs:
+            return None
+        producer = op.inputs[0].op
+        return producer.device or self.device_for(producer.name)[0]
+
+    @staticmethod
+    def _place_by_consumers(by_name: dict[str, tf.Operation], report: ApplyReport) -> None:
+        """Ops without a device whose consumers all run on one device go there (last ops first,
+        so a chain of them follows its end). A join of shards used on several devices is made
+        once on each, as the simulator gathers once per consuming device."""
+        for name in reversed(list(report.unplaced)):
+            op = by_name[name]
+            users: dict[str, list[tuple[tf.Operation, int]]] = {}
+            for consumer in {c for tensor in op.outputs for c in tensor.consumers() if c.name in by_name}:
+                for index, tensor in enumerate(consumer.inputs):  # the others never run
+                    if tensor.op is op:
+                        users.setdefault(consumer.device, []).append((consumer, index))
+            if not users or "" in users or (len(users) > 1 and not _copyable_join(op)):
+                continue
+            first, *others = sorted(users)
+            op._set_device(first)
+            for device in others:
+                _join_on(op, device, users[device])
+            report.unplaced.remove(name)
+            report.placed += 1 + len(others)
 
     def _order(self, ops, by_name, report: ApplyReport) -> None:
         if not self.plan.order or self.skip_order:
@@ -198,6 +243,26 @@ class PlanApplier:
             if before not in after.control_inputs:
                 after._add_control_input(before)
                 report.ordered_edges += 1
+
+
+def _copyable_join(op: tf.Operation) -> bool:
+    return op.type == "ConcatV2" and shard_boundary(op.name) == "join"
+
+
+def _join_on(join: tf.Operation, device: str, users: list[tuple[tf.Operation, int]]) -> None:
+    """A copy of ``join`` (a concat) on ``device``, read by ``users`` instead of ``join``."""
+    with join.graph.as_default(), tf.device(device), tf.compat.v1.name_scope(join.name + "/"):
+        copy = tf.raw_ops.ConcatV2(values=list(join.inputs[:-1]), axis=join.inputs[-1], name="on_device")
+    for consumer, index in users:
+        consumer._update_input(index, copy)
+
+
+def _static_bytes(tensor: tf.Tensor) -> float | None:
+    """The size of ``tensor`` when its shape is fully known, else None."""
+    shape = tensor.shape
+    if shape.rank is None or not shape.is_fully_defined() or tensor.dtype == tf.resource:
+        return None
+    return float(shape.num_elements() * (tensor.dtype.size if tensor.dtype != tf.string else 0))
 
 
 def _stateful(op: tf.Operation) -> bool:

@@ -40,7 +40,7 @@ from kerasflow.profiling.profiler import build_graph, profile_training_step, res
 from kerasflow.profiling.xplane import StepProfiler
 from kerasflow.strategies.applier import PlanApplier
 from kerasflow.strategies.options import Options
-from kerasflow.strategies.readback import PlacementReport, read_placement, start_recording
+from kerasflow.strategies.readback import PlacementReport, read_back, start_recording
 from kerasflow.strategies.reporting import Reporter
 from kerasflow.strategies.steps import PlannedStep
 from kerasflow.strategies.variables import current_homes, group_devices, move_variables
@@ -71,6 +71,7 @@ class Driver:
         self.graph: OpGraph | None = None
         self.applier: PlanApplier | None = None
         self.mismatches: list | None = None
+        self.transfers: list = []  # what the step read back sent between devices
         self.fallback: str | None = None
         self.report: dict = {}
         self.spec = None
@@ -188,7 +189,7 @@ class Driver:
             if self._read_back:
                 stage = "reading the placement back"
                 self._read_back = False
-                self.mismatches = read_placement(self.applier)
+                self.mismatches, self.transfers = read_back(self.applier)
             if self._verify_pending and self.spec is not None:
                 stage = "applying the given plan"
                 self._verify_given_plan()
@@ -368,7 +369,7 @@ class Driver:
             return PlacementReport(self.mismatches or [], in_force=False, fallback=self.fallback)
         if self.mismatches is None:
             return None
-        return PlacementReport(self.mismatches, in_force=self.state == "planned",
+        return PlacementReport(self.mismatches, in_force=self.state == "planned", transfers=self.transfers,
                                not_applied=self.applier.not_applied() if self.applier is not None else ())
 
     @property

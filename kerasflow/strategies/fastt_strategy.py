@@ -197,6 +197,15 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         return list(self._options.devices)
 
     @property
+    def cluster(self) -> Cluster | None:
+        """The ``Cluster`` the model trained last was planned for (None before its first ``fit``).
+
+        Example: ``kerasflow.simulate(strategy.profile, strategy.cluster, strategy.plan)``.
+        """
+        driver = self._driver_of()
+        return driver.cluster() if driver is not None else None
+
+    @property
     def options(self) -> Options:
         """The settings this strategy plans with (arguments, then ``KERASFLOW_*`` variables)."""
         return self._options

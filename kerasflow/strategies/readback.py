@@ -1,7 +1,8 @@
-"""Reads where the planned step's ops really ran, from the partition graphs of one executed step.
+"""Reads where the planned step's ops really ran, and what crossed devices, from one executed step.
 
 TensorFlow records the partition graphs (one per device) of the next function call once
-``enable_run_metadata`` is on; every op is compared with the device the plan gave it.
+``enable_run_metadata`` is on; every op is compared with the device the plan gave it, and
+every tensor sent from one device's partition to another's is listed with its size.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from kerasflow.devices import normalize_device
 from kerasflow.strategies.applier import PlanApplier
 from kerasflow.strategies.scopes import split_name
 
-__all__ = ["PlacementMismatch", "PlacementReport", "start_recording", "read_placement"]
+__all__ = ["ExecutedTransfer", "PlacementMismatch", "PlacementReport", "start_recording", "read_back"]
 
 _NOT_PLACED = ("_Send", "_Recv", "_Arg", "_Retval", "NoOp", "Const")
 # Ops on lookup tables run where the table was created, whatever a plan says.
@@ -30,13 +31,31 @@ class PlacementMismatch:
     actual: str
 
 
+@dataclasses.dataclass(frozen=True)
+class ExecutedTransfer:
+    """A tensor the executed step sent from one device to another.
+
+    Attributes:
+        tensor: the producer's output, ``"<op>:<index>"`` (as TensorFlow's optimizer left
+            it: it may fold constants and rewrite arithmetic before partitioning).
+        src, dst: the devices.
+        bytes: its size, from the traced step's static shape (None when a dimension is unknown).
+    """
+
+    tensor: str
+    src: str
+    dst: str
+    bytes: float | None
+
+
 class PlacementReport(list):
     """The ops that did not land where the plan put them, and whether the plan is in force now.
 
     A list of ``PlacementMismatch`` (empty when every op ran where planned), with
     ``in_force`` (False once training went back to the default placement), ``fallback``
-    (why it did, else None) and ``not_applied`` (the parts of the plan that are not running,
-    each with its reason: a per-device order TensorFlow refused, ops the plan has no device for).
+    (why it did, else None), ``not_applied`` (the parts of the plan that are not running,
+    each with its reason: a per-device order TensorFlow refused, ops the plan has no device for)
+    and ``transfers`` (the ``ExecutedTransfer`` list of the step read back: what crossed devices).
 
     Example:
         >>> report = PlacementReport([], in_force=False, fallback="rebuilding failed")
@@ -47,11 +66,12 @@ class PlacementReport(list):
     """
 
     def __init__(self, mismatches=(), *, in_force: bool = True, fallback: str | None = None,
-                 not_applied=()):
+                 not_applied=(), transfers=()):
         super().__init__(mismatches)
         self.in_force = in_force
         self.fallback = fallback
         self.not_applied = list(not_applied)
+        self.transfers = list(transfers)
 
     def summary(self) -> str:
         """One line: whether the plan is in force, how many ops ran off it, and what is not applied."""
@@ -68,20 +88,26 @@ def start_recording() -> None:
     context.context().enable_run_metadata()
 
 
-def read_placement(applier: PlanApplier) -> list[PlacementMismatch]:
-    """The ops of the recorded step that ran off the plan (stops recording)."""
+def read_back(applier: PlanApplier) -> tuple[list[PlacementMismatch], list[ExecutedTransfer]]:
+    """The ops of the recorded step that ran off the plan, and the tensors it sent between
+    devices (stops recording)."""
     from tensorflow.python.eager import context
 
     metadata = context.context().export_run_metadata()
     context.context().disable_run_metadata()
     if metadata is None:
-        return []
+        return [], []
+    step = _last_step(metadata.partition_graphs)
+    return _mismatches(applier, step), _transfers(applier, step)
+
+
+def _mismatches(applier: PlanApplier, partition_graphs) -> list[PlacementMismatch]:
     plan = applier.plan
-    # A name can appear in several partition graphs (functions instantiated more than
-    # once): an op is where the plan put it if any of its instances is.
+    # A name can appear in several partition graphs (a function the step calls, instantiated
+    # on more than one device): an op is where the plan put it if any of its instances is.
     actual: dict[str, set[str]] = {}
     planned_of: dict[str, str] = {}
-    for partition in metadata.partition_graphs:
+    for partition in partition_graphs:
         for node in partition.node:
             name = _strip_call(node.name)
             if name is None or node.op in _NOT_PLACED or node.op.startswith(_TABLE_OPS):
@@ -100,6 +126,34 @@ def read_placement(applier: PlanApplier) -> list[PlacementMismatch]:
             actual.setdefault(name, set()).add(normalize_device(node.device))
     return [PlacementMismatch(name, planned_of[name], ", ".join(sorted(devices)))
             for name, devices in sorted(actual.items()) if planned_of[name] not in devices]
+
+
+def _last_step(partition_graphs) -> list:
+    """The partition graphs of the step's last instantiation: the trailing run of graphs that
+    hold the step's ops, one per device (an earlier instantiation's graphs come before)."""
+    last, devices = [], set()
+    for partition in reversed(partition_graphs):
+        device = partition.node[0].device if partition.node else ""
+        if device in devices or not any(_strip_call(node.name) for node in partition.node):
+            break
+        devices.add(device)
+        last.append(partition)
+    return last[::-1]
+
+
+def _transfers(applier: PlanApplier, partition_graphs) -> list[ExecutedTransfer]:
+    """The data each partition sends to another (control edges, which carry nothing, left out)."""
+    transfers = []
+    for partition in partition_graphs:
+        for node in partition.node:
+            if node.op != "_Send" or node.input[0].startswith("^") or "/ctrl/" in node.input[0]:
+                continue
+            tensor = _strip_call(node.input[0]) or node.input[0]
+            tensor = tensor if ":" in tensor else tensor + ":0"
+            transfers.append(ExecutedTransfer(tensor, normalize_device(node.attr["send_device"].s.decode()),
+                                              normalize_device(node.attr["recv_device"].s.decode()),
+                                              applier.tensor_bytes.get(tensor)))
+    return transfers
 
 
 def _strip_call(name: str) -> str | None:

@@ -2,14 +2,25 @@
 
 The plan-applying step runs each wave of the batch under ``wave<w>`` and each shard of a split
 layer under ``shard<i>``; the applier and the placement read-back strip those scopes to find the
-profiled op a copy comes from. Both sides use these functions, so the grammar has one home.
+profiled op a copy comes from. A split layer cuts its inputs into shards under
+``shard_inputs`` and joins its outputs under ``shard_outputs``; the applier runs a cut where its
+input is made and a join where its output is used, as the simulator's split and concat tasks run.
+The waves' own bookkeeping (their slices of the batch, the sums of their gradients) runs under
+``waves``, so that it shifts none of the names TensorFlow gives the profiled step's ops.
+Both sides use these functions, so the grammar has one home.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["wave_scope", "shard_scope", "split_name"]
+__all__ = ["wave_scope", "shard_scope", "SHARD_INPUTS_SCOPE", "SHARD_OUTPUTS_SCOPE", "WAVES_SCOPE", "shard_boundary",
+           "split_name"]
+
+SHARD_INPUTS_SCOPE = "shard_inputs"
+SHARD_OUTPUTS_SCOPE = "shard_outputs"
+WAVES_SCOPE = "waves"
+_GRADIENT_PREFIX = "gradient_tape/"
 
 _WAVE = re.compile(r"^wave(\d+)$")
 _SHARD = re.compile(r"^shard(\d+)$")
@@ -33,6 +44,26 @@ def shard_scope(shard: int) -> str:
         'shard0'
     """
     return f"shard{shard}"
+
+
+def shard_boundary(name: str) -> str | None:
+    """``"split"`` for an op that cuts a tensor into a split layer's shards, ``"join"`` for one that
+    joins shards into one tensor, else None: the ops under ``shard_inputs`` and ``shard_outputs``,
+    and their gradients (the gradient of a cut joins, the gradient of a join cuts).
+
+    Example:
+        >>> shard_boundary("model/dense/shard_inputs/split"), shard_boundary("model/dense/shard0/MatMul")
+        ('split', None)
+        >>> shard_boundary("gradient_tape/model/dense/shard_inputs/concat")
+        'join'
+    """
+    parts = name.split("/")
+    backward = name.startswith(_GRADIENT_PREFIX)
+    if SHARD_INPUTS_SCOPE in parts:
+        return "join" if backward else "split"
+    if SHARD_OUTPUTS_SCOPE in parts:
+        return "split" if backward else "join"
+    return None
 
 
 def split_name(name: str) -> tuple[str, int, int]:

@@ -1,10 +1,12 @@
 """The plan-applying training step: split layers as shards, waves as micro-batches, then placement.
 
 ``PlannedStep`` replaces ``model.train_step``. At trace time it wraps the split layers'
-``call`` (each shard of the batch runs under its device and a ``shard<i>`` name scope, the
-outputs are concatenated; autodiff gives gradients equal to the unsplit layer), runs the
-step — as is, or as waves — and then hands every op the trace created to the
-``PlanApplier``.
+``call``: each input is cut once into shards of the batch, each shard runs under its device
+and a ``shard<i>`` name scope, and the outputs are concatenated, except for the next split
+layer with the same shards, which takes them shard by shard (as the simulator connects
+them); autodiff gives gradients equal to the unsplit layer's. Then it runs the
+step — as is, or as waves — and then hands every op of the trace that runs (TensorFlow
+prunes the others) to the ``PlanApplier``.
 
 Waves run the batch as micro-batches under ``wave<w>`` name scopes. Each wave's loss is
 scaled by its share of the batch, so the summed gradients are the whole batch's; one
@@ -20,9 +22,9 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from kerasflow import _compat
-from kerasflow.profiling.capture import last_op_id
+from kerasflow.profiling.capture import last_op_id, live_operations
 from kerasflow.strategies.applier import PlanApplier
-from kerasflow.strategies.scopes import shard_scope, wave_scope
+from kerasflow.strategies.scopes import SHARD_INPUTS_SCOPE, SHARD_OUTPUTS_SCOPE, WAVES_SCOPE, shard_scope, wave_scope
 
 __all__ = ["PlannedStep", "split_call"]
 
@@ -43,30 +45,94 @@ def _sizes(batch, fractions) -> list:
 
 
 def _slice(structure, start, size, batch):
+    """The rows ``start:start + size`` of every batch tensor in ``structure``.
+
+    A strided slice, so each piece keeps its static shape past the batch dimension even
+    when the batch size is a tensor (Keras' layers choose their code paths by static shape).
+    """
     def cut(t):
         if isinstance(t, tf.Tensor) and t.shape.rank and (t.shape[0] == batch or t.shape[0] is None):
-            return t[start:start + size] if isinstance(start, int) else tf.slice(
-                t, tf.concat([[start], tf.zeros([t.shape.rank - 1], tf.int32)], 0),
-                tf.concat([[size], tf.fill([t.shape.rank - 1], -1)], 0))
+            return t[start:start + size]
         return t
     return tf.nest.map_structure(cut, structure)
 
 
-def split_call(original: Callable, shards) -> Callable:
-    """``original`` (a layer's call) run as shards of the batch, outputs concatenated."""
+class _ShardChains:
+    """The shards of each split layer's output in one trace, so that the next split layer with
+    the same shard map takes them directly, shard to shard on their devices, as the simulator
+    connects them; only another consumer reads the concatenated output (unused, TensorFlow
+    prunes it from the step).
+
+    Example:
+        >>> chains = _ShardChains()
+        >>> whole = tf.constant([[1.0], [2.0]])
+        >>> chains.record(whole, [whole[:1], whole[1:]], (("/CPU:0", 0.5), ("/CPU:1", 0.5)))
+        >>> [float(p[0, 0]) for p in chains.pieces_of(whole, (("/CPU:0", 0.5), ("/CPU:1", 0.5)))]
+        [1.0, 2.0]
+        >>> chains.pieces_of(whole, (("/CPU:0", 0.5),)) is None
+        True
+    """
+
+    def __init__(self):
+        self._pieces: dict = {}
+
+    def record(self, joined, pieces: list, signature: tuple) -> None:
+        """Remembers that each tensor of ``joined`` is the concatenation of ``pieces``'."""
+        for i, tensor in enumerate(tf.nest.flatten(joined)):
+            if isinstance(tensor, tf.Tensor):
+                self._pieces[tensor.ref()] = (signature, [tf.nest.flatten(p)[i] for p in pieces])
+
+    def pieces_of(self, tensor, signature: tuple) -> list | None:
+        """The shards ``tensor`` was concatenated from under ``signature``, else None."""
+        if not isinstance(tensor, tf.Tensor):
+            return None
+        known = self._pieces.get(tensor.ref())
+        return known[1] if known is not None and known[0] == signature else None
+
+
+class _Pieces:
+    """One input's shards (a leaf for ``tf.nest``, unlike a list)."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+
+
+def _split(t, sizes, batch):
+    """``t`` cut into rows of ``sizes`` (one op, where ``t`` was made), or ``t`` when it has no batch rows."""
+    if isinstance(t, tf.Tensor) and t.shape.rank and (t.shape[0] == batch or t.shape[0] is None):
+        return _Pieces(tf.split(t, sizes, axis=0))
+    return t
+
+
+def split_call(original: Callable, shards, chains: _ShardChains | None = None) -> Callable:
+    """``original`` (a layer's call) run as shards of the batch, outputs concatenated.
+
+    Each input is cut once, under ``shard_inputs``, into its shards; an input that is a previous
+    split layer's output under the same shard map is taken shard by shard from ``chains`` instead.
+    """
+    chains = chains if chains is not None else _ShardChains()
+    signature = tuple((s.device, s.fraction) for s in shards)
+
+    def pieces(t, sizes, batch):
+        chained = chains.pieces_of(t, signature)
+        return _Pieces(chained) if chained is not None else _split(t, sizes, batch)
 
     @functools.wraps(original)
     def call(*args, **kwargs):
         batch = _batch_of((args, kwargs))
         sizes = _sizes(batch, [s.fraction for s in shards])
-        outputs, start = [], 0
-        for i, (shard, size) in enumerate(zip(shards, sizes)):
+        with tf.name_scope(SHARD_INPUTS_SCOPE):
+            cut = tf.nest.map_structure(lambda t: pieces(t, sizes, batch), (args, kwargs))
+        outputs = []
+        for i, shard in enumerate(shards):
+            piece_args, piece_kwargs = tf.nest.map_structure(
+                lambda p, i=i: p.parts[i] if isinstance(p, _Pieces) else p, cut)
             with tf.device(shard.device), tf.name_scope(shard_scope(i)):
-                piece_args = _slice(args, start, size, batch)
-                piece_kwargs = _slice(kwargs, start, size, batch)
                 outputs.append(original(*piece_args, **piece_kwargs))
-            start = start + size
-        return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *outputs)
+        with tf.name_scope(SHARD_OUTPUTS_SCOPE):
+            joined = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *outputs)
+        chains.record(joined, outputs, signature)
+        return joined
 
     return call
 
@@ -108,6 +174,7 @@ class PlannedStep:
         start = last_op_id(graph)
         plan = self.applier.plan
         patched = []
+        chains = _ShardChains()
         if not self.custom_step:
             by_name = {layer.name: layer for layer in _compat.all_layers(self.model)}
             for layer_name, shards in plan.splits.items():
@@ -115,7 +182,7 @@ class PlannedStep:
                 if layer is None:
                     continue
                 patched.append((layer, layer.__dict__.get("call")))
-                object.__setattr__(layer, "call", split_call(layer.call, shards))
+                object.__setattr__(layer, "call", split_call(layer.call, shards, chains))
         try:
             if plan.waves is not None and plan.waves.count > 1 and not self.custom_step:
                 outputs = self._waves(data)
@@ -127,7 +194,8 @@ class PlannedStep:
                     object.__delattr__(layer, "call")
                 else:
                     object.__setattr__(layer, "call", own)
-        new_ops = [op for op in graph.get_operations() if op._id > start]
+        returned = [t for t in tf.nest.flatten(outputs) if isinstance(t, (tf.Tensor, tf.Operation))]
+        new_ops = live_operations([op for op in graph.get_operations() if op._id > start], returned)
         captures = {}
         for external, internal in getattr(graph, "captures", []):
             if external.dtype == tf.resource:
@@ -148,9 +216,12 @@ class PlannedStep:
         start = 0
         previous_forward = None
         for w, size in enumerate(sizes):
-            xw, yw = _slice(x, start, size, batch), _slice(y, start, size, batch)
-            sw = _slice(sample_weight, start, size, batch) if sample_weight is not None else None
-            share = tf.cast(size, tf.float32) / tf.cast(batch, tf.float32)
+            # The waves' own bookkeeping (slices, shares, sums) under one scope of its own, so
+            # it shifts none of the names the profiled step's ops have (the plan names them).
+            with tf.name_scope(WAVES_SCOPE):
+                xw, yw = _slice(x, start, size, batch), _slice(y, start, size, batch)
+                sw = _slice(sample_weight, start, size, batch) if sample_weight is not None else None
+                share = tf.cast(size, tf.float32) / tf.cast(batch, tf.float32)
             barrier = [previous_forward] if previous_forward is not None and waves.offset == "forward" else []
             with tf.name_scope(wave_scope(w)), tf.control_dependencies(barrier):
                 with tf.GradientTape() as tape:
@@ -162,12 +233,15 @@ class PlannedStep:
                 tf.nest.flatten(prediction)[0]
             predictions.append(prediction)
             losses.append(scaled)
-            total_gradients = gradients if total_gradients is None else [
-                _add(t, g) for t, g in zip(total_gradients, gradients)]
+            with tf.name_scope(WAVES_SCOPE):
+                total_gradients = gradients if total_gradients is None else [
+                    _add(t, g) for t, g in zip(total_gradients, gradients)]
             start = start + size
         model.optimizer.apply_gradients(zip(total_gradients, variables))
-        prediction = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
-        return _compat.finish_step(model, x, y, prediction, sample_weight, tf.add_n(losses), batch)
+        with tf.name_scope(WAVES_SCOPE):
+            prediction = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
+            loss = tf.add_n(losses)
+        return _compat.finish_step(model, x, y, prediction, sample_weight, loss, batch)
 
 
 def _record_batch(data, record: Callable[[Any], None]) -> None:

@@ -3,6 +3,7 @@ scope, by shard and wave; the per-device order as control edges; what it could n
 
 import tensorflow as tf
 
+from kerasflow.devices import normalize_device
 from kerasflow.planner import Op, OpGraph, Plan, Shard, Waves
 from kerasflow.strategies.applier import PlanApplier
 
@@ -117,3 +118,26 @@ def test_an_order_against_one_variables_program_order_is_skipped():
     report, applier, values = updates_of_two_variables(["m2", "m1"], same_variable=True)
     assert report.ordered_edges == 0 and report.order_skipped.startswith("the plan's order contradicts")
     assert values == (7.0, 5.0)
+
+
+def test_a_join_used_on_two_devices_is_made_on_each_and_cuts_run_where_their_input_is():
+    def build():
+        with tf.device("/CPU:0"):
+            x = tf.constant([[1.0], [2.0]], name="dense/x")
+        with tf.name_scope("dense"), tf.name_scope("shard_inputs"):
+            top, bottom = tf.split(x, [1, 1], axis=0)
+        with tf.name_scope("dense"), tf.name_scope("shard_outputs"):
+            joined = tf.concat([top, bottom], axis=0)
+        tf.math.square(joined, name="next/square")
+        tf.math.sqrt(joined, name="other/sqrt")
+    ops = traced(build)
+    plan = Plan(placement={"dense/x": "/CPU:0", "next/square": "/CPU:1", "other/sqrt": "/CPU:2"})
+    report = PlanApplier(plan, None, ["/CPU:0", "/CPU:1", "/CPU:2"]).apply(ops, {})
+    by_name = {op.name: op for op in ops}
+    # The cut runs where x is made; each consumer reads a join made on its own device.
+    assert by_name["dense/shard_inputs/split"].device == "/CPU:0"
+    square, sqrt = by_name["next/square"], by_name["other/sqrt"]
+    assert {normalize_device(square.inputs[0].op.device), normalize_device(sqrt.inputs[0].op.device)} == {
+        "/CPU:1", "/CPU:2"}
+    assert square.inputs[0].op.type == sqrt.inputs[0].op.type == "ConcatV2"
+    assert "dense/shard_outputs/concat" not in report.unplaced

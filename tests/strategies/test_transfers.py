@@ -1,0 +1,113 @@
+"""The simulator models the graph the runtime builds: for each plan kind, one planned step runs
+inside ``fit`` and the tensors it sends between devices (read back from TensorFlow's partition
+graphs) match the simulated step's copies, per device pair, in number and in bytes.
+
+What is compared is every data transfer except two kinds, each left out on both sides:
+
+- scalars (at most 8 bytes) and the constants TensorFlow's graph optimizer makes: it folds the
+  loss's and the optimizer's scalar arithmetic (a ``BroadcastTo`` of a constant becomes a
+  constant, a sum over no axes disappears) and a concat's offsets into constants before it
+  partitions the step, so which of those cross differs in name and number from the traced
+  step both sides start from;
+- the batch itself: it comes from the input pipeline on the host's CPU, which the plan does
+  not place (the simulator takes the batch to be where its first consumer runs).
+
+Control edges carry no bytes and are not data transfers.
+"""
+
+import collections
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasflow
+from kerasflow.planner import Shard, baselines, cpop, heft, simulate, ticktock
+from kerasflow.planner.plan import Plan
+
+DEVICES = ["/CPU:0", "/CPU:1"]
+BATCH = 32
+SCALAR_BYTES = 8
+
+
+def dataset():
+    rng = np.random.default_rng(0)
+    x = rng.random((8 * BATCH, 64), dtype=np.float32)
+    y = rng.integers(0, 10, 8 * BATCH)
+    # Whole batches only, so every traced shape is static and each tensor's size is known.
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A three-layer MLP, written as the Keras tutorials write it, trained once under the strategy."""
+    keras.utils.set_random_seed(0)
+    strategy = kerasflow.FastTStrategy(devices=DEVICES, verbose=0)
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((64,)),
+            keras.layers.Dense(128, activation="relu", name="d1"),
+            keras.layers.Dense(128, activation="relu", name="d2"),
+            keras.layers.Dense(10, name="d3"),
+        ])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(dataset(), epochs=1, verbose=0)
+    return strategy, model, strategy.profile  # the profile every plan below is made for
+
+
+def halves():
+    return (Shard(DEVICES[0], 0.5), Shard(DEVICES[1], 0.5))
+
+
+def on_first(graph):
+    return {op.name: DEVICES[0] for op in graph.ops}
+
+
+PLAN_KINDS = {
+    "single device": lambda g, c: baselines.single_device(g, c, DEVICES[1], batch=BATCH),
+    "layer-wise": lambda g, c: baselines.layerwise_model_parallel(g, c, batch=BATCH),
+    "HEFT": lambda g, c: heft(g, c, batch_size=BATCH),
+    "CPOP": lambda g, c: cpop(g, c, batch_size=BATCH),
+    "one split layer": lambda g, c: Plan(placement=on_first(g), splits={"d2": halves()}, batch_size=BATCH),
+    "a split chain": lambda g, c: Plan(placement=on_first(g), splits={"d1": halves(), "d2": halves()},
+                                       batch_size=BATCH),
+    "hybrid (HEFT around a split layer)": lambda g, c: heft(g, c, batch_size=BATCH, splits={"d1": halves()}),
+    "waves": lambda g, c: ticktock.with_waves(baselines.layerwise_model_parallel(g, c, batch=BATCH), g, c,
+                                              count=2, batch=BATCH),
+    "Tick-Tock model parallel": lambda g, c: ticktock.tick_tock_model_parallel(g, c, batch=BATCH),
+}
+
+
+def per_pair(transfers):
+    """(src, dst) -> (number, bytes) of ``(src, dst, bytes)`` transfers."""
+    totals = collections.defaultdict(lambda: [0, 0.0])
+    for src, dst, nbytes in transfers:
+        totals[(src, dst)][0] += 1
+        totals[(src, dst)][1] += nbytes
+    return {pair: tuple(total) for pair, total in sorted(totals.items())}
+
+
+def executed(report):
+    step = [t for t in report.transfers if not t.tensor.startswith(("IteratorGetNext", "ConstantFolding/"))]
+    assert all(t.bytes is not None for t in step), [t for t in step if t.bytes is None]
+    return per_pair((t.src, t.dst, t.bytes) for t in step if t.bytes > SCALAR_BYTES)
+
+
+def simulated(graph, cluster, plan):
+    inputs = {op.name for op in graph.ops if op.type == "Placeholder" and not op.name.endswith("/resource")}
+    result = simulate(graph, cluster, plan, batch=BATCH)
+    return per_pair((t.src, t.dst, t.bytes) for t in result.transfers
+                    if t.output >= 0 and t.bytes > SCALAR_BYTES and t.task not in inputs)
+
+
+@pytest.mark.parametrize("kind", list(PLAN_KINDS))
+def test_the_executed_step_sends_what_the_simulated_step_sends(trained, kind):
+    strategy, model, graph = trained
+    cluster = strategy.cluster
+    plan = PLAN_KINDS[kind](graph, cluster)
+    strategy.use_plan(plan)
+    model.fit(dataset(), epochs=1, verbose=0)
+    report = strategy.placement_report()
+    assert report.in_force and list(report) == [], report.summary()
+    assert executed(report) == simulated(graph, cluster, plan)
