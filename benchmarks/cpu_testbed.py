@@ -7,13 +7,17 @@ state step time:
 - ``default``: TensorFlow's default threading, one device (``OneDeviceStrategy("/CPU:0")``);
 - ``mirrored``: 2 logical CPUs, 1 intra-op thread each, 2 inter-op threads, ``MirroredStrategy``;
 - ``fastt``: the same 2 logical CPUs running ``FastTStrategy``'s plan (a logical CPU then
-  behaves like a device: one op at a time each, side by side).
+  behaves like a device: one op at a time each, side by side);
+- ``fastt_split``: the same with op splitting on (``FastTStrategy(split=True)``).
 
 For FastT it also prints the one-time cost (profile + plan, plus the extra time of the first
 planned step, which retraces) and the planner's predicted step time against the measured one.
 
 Usage:
-    python benchmarks/cpu_testbed.py [--models mlp cnn] [--steps 60] [--rounds 3]
+    python benchmarks/cpu_testbed.py [--models mlp cnn resnet lstm transformer] [--steps 60] [--rounds 3]
+
+The models (``benchmarks/profile_zoo.py``): an MLP, an Inception-like CNN, a ResNet-like CNN
+with BatchNormalization, a two-layer LSTM and a two-block Transformer.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import sys
 from _common import format_table, machine, step_durations
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+SETUPS = ("default", "mirrored", "fastt", "fastt_split")
 
 
 def worker(setup: str, model_name: str, steps: int) -> dict:
@@ -42,25 +47,24 @@ def worker(setup: str, model_name: str, steps: int) -> dict:
 
     from profile_zoo import build
 
-    batch = 64 if model_name == "mlp" else 32
     if setup == "default":
         strategy = tf.distribute.OneDeviceStrategy("/CPU:0")
     elif setup == "mirrored":
         strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
     else:
-        strategy = kerasflow.FastTStrategy(verbose=0)
+        strategy = kerasflow.FastTStrategy(verbose=0, split=setup == "fastt_split")
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model, _ = build({"mlp": "mlp", "cnn": "cnn"}[model_name], keras)
+        model, (sample_x, sample_y) = build(model_name, keras)
     import numpy as np
 
-    rng = np.random.default_rng(0)
-    shape = model.inputs[0].shape[1:]
-    x = rng.random((steps * batch,) + tuple(shape), dtype=np.float32)
-    y = rng.integers(0, 10, steps * batch)
+    batch = 64 if model_name == "mlp" else 32
+    repeats = -(-steps * batch // len(sample_y))  # the zoo's sample batch, tiled to the steps' samples
+    x = np.concatenate([sample_x] * repeats)[:steps * batch]
+    y = np.concatenate([sample_y] * repeats)[:steps * batch]
     durations = step_durations(model, x, y, batch)
     result = {"setup": setup, "model": model_name, "batch": batch}
-    if setup == "fastt":
+    if setup.startswith("fastt"):
         first_planned = strategy.options.warmup_steps + strategy.options.profile_steps
         steady = durations[first_planned + 3:]
         result["predicted"] = strategy.plan.predicted_step_time if strategy.plan else None
@@ -74,7 +78,7 @@ def worker(setup: str, model_name: str, steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"])
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn", "resnet", "lstm", "transformer"])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--worker", nargs=2, metavar=("SETUP", "MODEL"))
@@ -85,7 +89,7 @@ def main() -> None:
     results: dict[tuple[str, str], list[dict]] = {}
     for _ in range(args.rounds):
         for model in args.models:
-            for setup in ("default", "mirrored", "fastt"):  # alternating, so drift hits all alike
+            for setup in SETUPS:  # alternating, so drift hits all alike
                 out = subprocess.run([sys.executable, __file__, "--worker", setup, model, "--steps", str(args.steps)],
                                      capture_output=True, text=True, cwd=HERE)
                 line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
@@ -96,22 +100,23 @@ def main() -> None:
     rows = []
     for model in args.models:
         default = statistics.median(r["step"] for r in results[(model, "default")])
-        for setup in ("default", "mirrored", "fastt"):
+        better = min(default, statistics.median(r["step"] for r in results[(model, "mirrored")]))
+        for setup in SETUPS:
             runs = results[(model, setup)]
             step = statistics.median(r["step"] for r in runs)
             batch = runs[0]["batch"]
             extra = ["", "", "", ""]
-            if setup == "fastt":
+            if setup.startswith("fastt"):
                 predicted = statistics.median(r["predicted"] for r in runs if r["predicted"])
                 extra = [runs[-1]["algorithm"], f"{statistics.median(r['one_time'] for r in runs):.2f}",
                          f"{predicted * 1e3:.2f}", f"{(predicted - step) / step * 100:+.0f}%"]
             rows.append([model, setup, str(batch), f"{step * 1e3:.2f}", f"{batch / step:,.0f}",
-                         f"{default / step:.2f}x"] + extra)
+                         f"{default / step:.2f}x", f"{step / better:.2f}"] + extra)
     print()
     print(f"CPU testbed: 2 logical CPUs (1 intra-op thread each, 2 inter-op threads) vs default threading on one "
           f"device; medians of {args.rounds} alternating rounds of {args.steps} steps ({machine()})")
-    print(format_table(["model", "setup", "batch", "step ms", "samples/s", "vs default", "plan", "one-time s",
-                        "predicted ms", "simulator error"], rows))
+    print(format_table(["model", "setup", "batch", "step ms", "samples/s", "vs default", "step / better baseline",
+                        "plan", "one-time s", "predicted ms", "simulator error"], rows))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,19 @@ def build(name, keras):
         x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
         model = keras.Model(inputs, keras.layers.Dense(10, name="logits")(x), name="inception_like_cnn")
         data = (rng.random((32, 32, 32, 3), dtype=np.float32), rng.integers(0, 10, 32))
+    elif name == "resnet":
+        inputs = keras.Input((32, 32, 3))
+        x = keras.layers.Conv2D(32, 3, padding="same", use_bias=False, name="stem")(inputs)
+        x = keras.layers.ReLU(name="stem_relu")(keras.layers.BatchNormalization(name="stem_bn")(x))
+        for i in range(2):
+            y = keras.layers.Conv2D(32, 3, padding="same", use_bias=False, name=f"block{i}_conv1")(x)
+            y = keras.layers.ReLU(name=f"block{i}_relu")(keras.layers.BatchNormalization(name=f"block{i}_bn1")(y))
+            y = keras.layers.Conv2D(32, 3, padding="same", use_bias=False, name=f"block{i}_conv2")(y)
+            y = keras.layers.BatchNormalization(name=f"block{i}_bn2")(y)
+            x = keras.layers.ReLU(name=f"block{i}_out")(keras.layers.Add(name=f"block{i}_add")([x, y]))
+        x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
+        model = keras.Model(inputs, keras.layers.Dense(10, name="logits")(x), name="resnet_like_cnn")
+        data = (rng.random((32, 32, 32, 3), dtype=np.float32), rng.integers(0, 10, 32))
     elif name == "lstm":
         inputs = keras.Input((20,), dtype="int32")
         x = keras.layers.Embedding(1000, 64, name="embed")(inputs)

@@ -40,6 +40,7 @@ from .simulator import SimulationResult, Transfer, simulate
 # Imported last: binds ``kerasflow.planner.plan`` to the function (the module stays
 # importable as ``kerasflow.planner.plan`` through sys.modules for ``Plan``).
 from .planning import plan  # noqa: E402
+from .onecopy import one_copy_data_parallel  # noqa: E402
 from .bounds import StepTimeBound, step_time_bound  # noqa: E402
 
 __all__ = [
@@ -48,7 +49,7 @@ __all__ = [
     "Shard", "Waves", "DataParallel", "Plan",
     "simulate", "SimulationResult", "Transfer",
     "plan", "heft", "cpop",
-    "single_device", "data_parallel", "layerwise_model_parallel", "lower_bound", "LowerBound",
+    "single_device", "data_parallel", "one_copy_data_parallel", "layerwise_model_parallel", "lower_bound", "LowerBound",
     "step_time_bound", "StepTimeBound",
     "KerasflowError", "InvalidGraphError", "InvalidClusterError", "InvalidPlanError",
     "FileFormatError", "SimulationError", "InsufficientMemoryError", "ProfilingError",

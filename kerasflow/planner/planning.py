@@ -2,8 +2,9 @@
 
 Candidates: single device, data parallelism (on several hosts, also inside the strongest
 host), layer-wise model parallelism, HEFT and CPOP (each with op and with layer affinity),
-FastT's critical-path op splitting on top of the best list schedule, and Tick-Tock waves (data-parallel, model-parallel, and the best
-placement run as two waves). Each candidate is judged by the simulator; the winner's
+FastT's critical-path op splitting on top of the best list schedule, and waves: data
+parallelism on one copy of the weights (a wave per device), Tick-Tock data-parallel and
+model-parallel waves, and the best placement run as two waves. Each candidate is judged by the simulator; the winner's
 predicted step time is the simulator's figure for it, and it records every candidate's.
 """
 
@@ -21,6 +22,7 @@ from .errors import InsufficientMemoryError, InvalidPlanError
 from .graph import OpGraph
 from .heft import heft
 from .listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
+from .onecopy import one_copy_data_parallel
 from .plan import Plan
 from .splitting import hybrid_splits, split_search
 from .ticktock import (
@@ -98,7 +100,7 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
         if progress is not None:
             progress(name)
 
-    bar = progress_bar(len(candidates) + (max_split_evaluations + 1 if split else 0) + (3 if waves_wanted else 0),
+    bar = progress_bar(len(candidates) + (max_split_evaluations + 1 if split else 0) + (4 if waves_wanted else 0),
                        "kerasflow: planning", verbose)
 
     for name in candidates:
@@ -222,12 +224,15 @@ def strongest_host(cluster: Cluster) -> list[str]:
 
 def _add_wave_candidates(graph: OpGraph, cluster: Cluster, batch: int, computed: dict[str, Plan],
                          consider: Callable[[str, Callable[[], Plan]], None], replicated: bool = True) -> None:
-    """Tick-Tock candidates: data-parallel and model-parallel waves, and the best placement
-    found so far (FastT's, split or not, whether it fit or not) run as two waves."""
+    """Wave candidates: data parallelism on one copy of the weights, Tick-Tock data-parallel and
+    model-parallel waves, and the best placement found so far (FastT's, split or not, whether
+    it fit or not) run as two waves."""
     if len(cluster) < 2:
         base = computed.get("single_device") or baselines.single_device(graph, cluster, batch=batch)
         consider("single_device+waves", lambda: with_waves(base, graph, cluster, batch=batch))
         return
+    # One copy of the weights, one wave per device: data parallelism the one-replica runtime runs.
+    consider("one_copy_data_parallel", lambda: one_copy_data_parallel(graph, cluster, batch=batch))
     if replicated:
         consider("tick_tock_data_parallel",
                  lambda: tick_tock_data_parallel(graph, cluster, batch=batch, base=computed.get("data_parallel")))

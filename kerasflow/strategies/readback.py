@@ -18,7 +18,7 @@ __all__ = ["ExecutedTransfer", "PlacementMismatch", "PlacementReport", "start_re
 _NOT_PLACED = ("_Send", "_Recv", "_Arg", "_Retval", "NoOp", "Const")
 # Ops on lookup tables run where the table was created, whatever a plan says.
 _TABLE_OPS = ("LookupTable", "HashTable", "InitializeTable", "MutableHashTable", "MutableDenseHashTable")
-_RESOURCE_OPS = ("ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+_RESOURCE_OPS = ("ReadVariableOp", "VariableShape", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
                  "ResourceApply", "ResourceGather", "ResourceScatter", "VarHandleOp", "VarIsInitializedOp")
 
 

@@ -11,6 +11,7 @@ import tensorflow as tf
 import kerasflow
 from kerasflow import InvalidPlanError, KerasflowError
 from kerasflow.planner import Cluster, Shard, heft
+from kerasflow.planner.onecopy import one_copy_data_parallel
 from kerasflow.planner.ticktock import with_waves
 from tests.profiling import models
 
@@ -77,6 +78,18 @@ def test_splits_and_waves_match_one_device(name, mode):
     loss = fit(model, x, y)
     assert loss == pytest.approx(baseline(name), rel=1e-5)
     assert strategy.plan is plan
+
+
+@pytest.mark.parametrize("name", ["mlp", "lstm"])
+def test_one_copy_data_parallelism_matches_one_device(name):
+    x, y = data_for(name)
+    strategy = kerasflow.FastTStrategy(verbose=0)
+    model = build_under(strategy, name)
+    graph = kerasflow.profiling.profile_model(model, (x, y), batch_size=BATCH, steps=1, second_batch=False)
+    plan = one_copy_data_parallel(graph, CLUSTER)
+    strategy.use_plan(plan)
+    assert fit(model, x, y) == pytest.approx(baseline(name), rel=1e-5)
+    assert strategy.plan_in_force and strategy.placement_report() == []
 
 
 def test_the_plan_is_applied_where_it_says():

@@ -23,7 +23,7 @@ import pytest
 import tensorflow as tf
 
 import kerasflow
-from kerasflow.planner import Shard, baselines, cpop, heft, simulate, ticktock
+from kerasflow.planner import Shard, baselines, cpop, heft, one_copy_data_parallel, simulate, ticktock
 from kerasflow.planner.plan import Plan
 
 DEVICES = ["/CPU:0", "/CPU:1"]
@@ -76,6 +76,7 @@ PLAN_KINDS = {
     "waves": lambda g, c: ticktock.with_waves(baselines.layerwise_model_parallel(g, c, batch=BATCH), g, c,
                                               count=2, batch=BATCH),
     "Tick-Tock model parallel": lambda g, c: ticktock.tick_tock_model_parallel(g, c, batch=BATCH),
+    "one-copy data parallel": lambda g, c: one_copy_data_parallel(g, c, batch=BATCH),
 }
 
 
