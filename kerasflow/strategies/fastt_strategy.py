@@ -67,9 +67,9 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             of raising on a mismatch).
         warmup_steps: steps before profiling (>= 2).
         profile_steps: profiled steps.
-        split: let the planner split layers across devices (default False: the runtime
-            still gathers each split layer's output through one device, which the simulator
-            does not model, so split plans run slower than predicted).
+        split: let the planner split layers across devices (default False: split plans run
+            with the transfers the simulator predicts, but on the CPU testbed they beat the
+            unsplit plan on three models of five and lost on two; see ``docs/benchmarks.md``).
         tick_tock: ``"auto"``, ``"on"`` or ``"off"`` (see ``kerasflow.plan``).
         memory_limit: a cap in bytes for every device.
         log_dir: where to write ``plan.json``, ``profile.json`` and ``timeline.json`` (and
