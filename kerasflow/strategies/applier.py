@@ -199,18 +199,21 @@ class PlanApplier:
     def _place_by_consumers(by_name: dict[str, tf.Operation], report: ApplyReport) -> None:
         """Ops without a device whose consumers all run on one device go there (last ops first,
         so a chain of them follows its end). A join of shards used on several devices is made
-        once on each, as the simulator gathers once per consuming device."""
+        once on each, as the simulator gathers once per consuming device; a constant read on
+        several devices goes to the first."""
         for name in reversed(list(report.unplaced)):
             op = by_name[name]
             users: dict[str, list[tuple[tf.Operation, int]]] = {}
-            for consumer in {c for tensor in op.outputs for c in tensor.consumers() if c.name in by_name}:
-                for index, tensor in enumerate(consumer.inputs):  # the others never run
+            live = {c for tensor in op.outputs for c in tensor.consumers() if c.name in by_name}  # others never run
+            for consumer in sorted(live, key=lambda c: c.name):
+                for index, tensor in enumerate(consumer.inputs):
                     if tensor.op is op:
                         users.setdefault(consumer.device, []).append((consumer, index))
-            if not users or "" in users or (len(users) > 1 and not _copyable_join(op)):
+            if not users or "" in users or (len(users) > 1 and not _copyable_join(op) and op.type != "Const"):
                 continue
             first, *others = sorted(users)
-            op._set_device(first)
+            op._set_device(first)  # a constant read on several devices: TensorFlow folds it where read
+            others = others if op.type != "Const" else []
             for device in others:
                 _join_on(op, device, users[device])
             report.unplaced.remove(name)
@@ -260,9 +263,9 @@ def _join_on(join: tf.Operation, device: str, users: list[tuple[tf.Operation, in
 def _static_bytes(tensor: tf.Tensor) -> float | None:
     """The size of ``tensor`` when its shape is fully known, else None."""
     shape = tensor.shape
-    if shape.rank is None or not shape.is_fully_defined() or tensor.dtype == tf.resource:
-        return None
-    return float(shape.num_elements() * (tensor.dtype.size if tensor.dtype != tf.string else 0))
+    if shape.rank is None or not shape.is_fully_defined() or tensor.dtype in (tf.resource, tf.string, tf.variant):
+        return None  # a handle, or elements of no fixed size
+    return float(shape.num_elements() * tensor.dtype.size)
 
 
 def _stateful(op: tf.Operation) -> bool:

@@ -4,9 +4,9 @@
 ``call``: each input is cut once into shards of the batch, each shard runs under its device
 and a ``shard<i>`` name scope, and the outputs are concatenated, except for the next split
 layer with the same shards, which takes them shard by shard (as the simulator connects
-them); autodiff gives gradients equal to the unsplit layer's. Then it runs the
-step — as is, or as waves — and then hands every op of the trace that runs (TensorFlow
-prunes the others) to the ``PlanApplier``.
+them); autodiff gives gradients equal to the unsplit layer's. Then it runs the step, as is
+or as waves, and hands every op of the trace that runs (TensorFlow prunes the others) to the
+``PlanApplier``.
 
 Waves run the batch as micro-batches under ``wave<w>`` name scopes. Each wave's loss is
 scaled by its share of the batch, so the summed gradients are the whole batch's; one

@@ -8,6 +8,7 @@ import pytest
 
 import kerasflow
 from kerasflow import KerasflowError
+from kerasflow.strategies import driver as driver_module
 from kerasflow.strategies.options import Options
 from tests.profiling import models
 
@@ -115,6 +116,10 @@ def test_an_order_tensorflow_refuses_is_dropped_and_the_report_says_so(monkeypat
 
     monkeypatch.setattr(PlanApplier, "apply", refuses_the_order)
     monkeypatch.setattr(planning, "order_if_faster", lambda candidate, *args, **kwargs: candidate)  # keep an order
+    # A list schedule always has an order (which plan wins otherwise depends on the profile's noise).
+    monkeypatch.setattr(driver_module, "make_plan",
+                        lambda *args, **kwargs: planning.plan(*args, **{**kwargs, "candidates": ("heft",),
+                                                                        "tick_tock": "off"}))
     strategy, losses, messages = fit_mlp_under_fastt()
     assert strategy.plan.order, "the test needs a plan with a per-device order"
     assert len(messages) == 1
