@@ -75,7 +75,8 @@ def predicted(graph, preset: str) -> dict:
     placed = {n: t for n, t in seconds.items() if "waves" not in n and not n.startswith("tick_tock")}
     fastt_name = min(placed, key=placed.get)
     # plan() (tick_tock="auto") uses waves only without BatchNormalization; plan(replicated=False)
-    # (what FastTStrategy plans inside fit) leaves out the data-parallel candidates.
+    # (what FastTStrategy plans inside fit for a model with its own train_step or with
+    # BatchNormalization) leaves out the data-parallel candidates.
     allowed = seconds if not batch_coupled_ops(graph) else placed
     one_replica = {n: t for n, t in allowed.items() if not n.startswith(("data_parallel", "tick_tock_data"))}
     tick_tock = {n: seconds[n] for n in ("tick_tock_data_parallel", "tick_tock_model_parallel") if n in seconds}
@@ -287,7 +288,8 @@ def main() -> None:
                "`plan()` is what `kerasflow.plan` returns (waves only for models without BatchNormalization: for "
                "Inception-V3, ResNet-50 and MobileNetV2 waves change the statistics, and `tick_tock=\"auto\"` does "
                "not use them; Tick-Tock and FastT + waves are shown for comparison); `1 replica` is "
-               "`plan(replicated=False)`, what FastTStrategy plans inside fit today.\n")
+               "`plan(replicated=False)`, what FastTStrategy plans inside fit for models with their own "
+               "`train_step` or BatchNormalization (with `replicated=\"auto\"`).\n")
     out.append("Two bounds: `any schedule` is `lower_bound` (transfers ignored, every batch op's per-sample work "
                "shared by all devices); `families` is `step_time_bound`, the smallest of what each family of plans "
                "kerasflow builds must pay: the fastest data-parallel plan (exact), one replica running the batch "

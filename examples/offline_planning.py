@@ -53,9 +53,8 @@ def main() -> None:
     gpu_plan.summary(on_h100, kerasflow.Cluster.preset("8xH100-nvlink"))
 
     # 4: a plan for this machine's devices, saved and loaded into the strategy.
-    # replicated=False: the strategy runs one replica and spreads its ops (no data parallelism).
-    local = kerasflow.plan(profile, f"cpu-testbed:{len(strategy.devices)}", max_split_evaluations=8,
-                           replicated=False)
+    # Any kind of plan runs: one replica spread over the devices, or data parallelism.
+    local = kerasflow.plan(profile, f"cpu-testbed:{len(strategy.devices)}", max_split_evaluations=8)
     local.save("plan_local.json")
     strategy.use_plan("plan_local.json")
     model.fit(x, y, batch_size=128, epochs=1, verbose=2)

@@ -27,7 +27,7 @@ class FastT(keras.callbacks.Callback):
     with the same callback keeps its plan.
 
     Args: as for ``FastTStrategy`` (``devices``, ``cluster``, ``plan``, ``warmup_steps``,
-        ``profile_steps``, ``split``, ``tick_tock``, ``memory_limit``, ``log_dir``,
+        ``profile_steps``, ``split``, ``tick_tock``, ``replicated``, ``memory_limit``, ``log_dir``,
         ``verbose``, ``on_mismatch``).
 
     Raises:
@@ -47,11 +47,12 @@ class FastT(keras.callbacks.Callback):
 
     def __init__(self, devices: list[str] | None = None, cluster: Cluster | str | None = None,
                  plan: Plan | str | None = None, warmup_steps: int | None = None, profile_steps: int | None = None,
-                 split: bool | None = None, tick_tock: str | None = None, memory_limit: float | None = None,
-                 log_dir: str | None = None, verbose: Any = None, on_mismatch: str = "error"):
+                 split: bool | None = None, tick_tock: str | None = None, replicated: str | bool | None = None,
+                 memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None,
+                 on_mismatch: str = "error"):
         super().__init__()
         from kerasflow.devices import default_devices
-        from kerasflow.strategies.fastt_strategy import _canonical, _check_single_replica, _known_devices
+        from kerasflow.strategies.fastt_strategy import _canonical, _known_devices
 
         devices = [_canonical(d) for d in (devices or default_devices())]
         missing = [d for d in devices if d not in _known_devices()]
@@ -61,13 +62,11 @@ class FastT(keras.callbacks.Callback):
                                  "TensorFlow starts, or pass devices= with existing ones.")
         if isinstance(plan, (str, os.PathLike)):
             plan = Plan.load(plan)
-        if plan is not None:
-            _check_single_replica(plan)
         if isinstance(cluster, str):
             cluster = Cluster.resolve(cluster)
         self.options = Options.build(devices, cluster=cluster, plan=plan, warmup_steps=warmup_steps,
                                      profile_steps=profile_steps, split=split, tick_tock=tick_tock,
-                                     memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
+                                     replicated=replicated, memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
                                      on_mismatch=on_mismatch)
         self.driver = Driver(self.options.copy())
 

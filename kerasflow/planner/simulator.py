@@ -21,6 +21,7 @@ from .cluster import Cluster
 from .errors import SimulationError
 from .graph import OpGraph
 from .plan import Plan
+from .ring import fusion_buffers, gather_transfers, ring_transfers
 from .taskgraph import TaskGraph, build_task_graph
 from .tasknames import replica_template
 
@@ -56,7 +57,10 @@ class SimulationResult:
         busy: seconds each device computed.
         utilization: ``busy / makespan`` per device.
         link_bytes: bytes moved per ``(src, dst)`` device pair.
-        transfers: every transfer, in start order.
+        transfers: every transfer between two tasks, in start order.
+        ring_transfers: every chunk the all-reduce ring sends (``ring.ring_transfers``), the
+            gradients fused into buffers as the runtime fuses them (``ring.fusion_buffers``);
+            not in ``link_bytes``: the ring's own resource times the all-reduce.
         peak_memory: highest bytes live per device (weights and optimizer slots,
             outputs from their producer's start to their last consumer's end, temp
             bytes during the op).
@@ -85,6 +89,7 @@ class SimulationResult:
     task_role: list[str] = field(default_factory=list, repr=False)
     task_wave: list[int] = field(default_factory=list, repr=False)
     dispatch_order: list[int] = field(default_factory=list, repr=False)
+    ring_transfers: list[Transfer] = field(default_factory=list, repr=False)
 
     def times(self) -> dict[str, tuple[float, float]]:
         """Task name -> ``(start, end)``."""
@@ -367,7 +372,31 @@ def _result(tg: TaskGraph, start, end, transfers, memory: bool) -> SimulationRes
                 roles.append(tg.role[t])
                 waves.append(tg.wave[t])
     return SimulationResult(makespan, task_names, start, end, task_device, busy, utilization,
-                            link_bytes, records, peak, timeline, roles, waves)
+                            link_bytes, records, peak, timeline, roles, waves,
+                            ring_transfers=_ring_transfers(tg, start, end))
+
+
+def _ring_transfers(tg: TaskGraph, start, end) -> list[Transfer]:
+    """The chunks the ring sends: each sparse gradient's rows gathered; the dense gradients fused
+    into buffers, each buffer once around the ring (timed from its first gradient's all-reduce
+    start to its last one's end); any other all-reduced value on its own."""
+    if not tg.ring_devices:
+        return []
+    gradients = tg.gradient_allreduces
+    groups = [[gradients[i] for i in buffer] for buffer in fusion_buffers([tg.out_sizes[t][0] for t in gradients])]
+    fused = set(gradients)
+    groups += [[t] for t in range(len(tg)) if tg.role[t] == "allreduce" and t not in fused
+               and t not in tg.gathered_allreduces]
+    transfers = [Transfer(tg.names[t], 0, src, dst, start[t], end[t], nbytes)
+                 for t, piece in tg.gathered_allreduces.items()
+                 for src, dst, nbytes in gather_transfers(tg.ring_devices, piece)]
+    for group in groups:
+        name = tg.names[group[0]] if len(group) == 1 else f"fused({len(group)} gradients, first {tg.names[group[0]]})"
+        nbytes = sum(tg.out_sizes[t][0] for t in group)
+        begin, finish = min(start[t] for t in group), max(end[t] for t in group)
+        transfers.extend(Transfer(name, 0, src, dst, begin, finish, chunk)
+                         for src, dst, chunk in ring_transfers(tg.ring_devices, nbytes))
+    return transfers
 
 
 def _memory_tables(tg: TaskGraph) -> dict:

@@ -17,18 +17,17 @@ from .graph import Affine, OpGraph
 from .graphtables import durations, static_tables
 from .plan import Plan
 from .planchecks import attach_orders, resolve_plan
+from .ring import FUSION_BUFFER_BYTES
 from .tasknames import auxiliary_name, barrier_name, copy_name
 
-__all__ = ["TaskGraph", "build_task_graph", "AUXILIARY_ROLES", "FUSION_BUFFER_BYTES"]
+__all__ = ["TaskGraph", "build_task_graph", "AUXILIARY_ROLES"]
 
-# All-reduce libraries fuse gradients into buffers before reducing them (Horovod's tensor
-# fusion: 64 MiB; PyTorch DDP's buckets: 25 MiB; tf.distribute's NCCL all-reduce packs the
-# gradients), so the ring's per-step latency is paid per buffer, not per gradient tensor.
-# Charging it per tensor made data parallelism on a high-latency network (two hosts over
-# Ethernet) many times slower than measured systems are; 25 MiB is the smaller common size.
-FUSION_BUFFER_BYTES = 25 * 2**20
 
 AUXILIARY_ROLES = ("split", "concat", "sum", "allreduce", "barrier")
+
+# Backward ops whose outputs reach the update without being a weight's gradient (a sparse
+# gradient's dense shape): the runtime does not fuse them with the gradients.
+_NOT_GRADIENTS = ("Const", "Shape")
 
 
 class TaskGraph:
@@ -53,6 +52,11 @@ class TaskGraph:
         devices: the cluster's device names.
         mirrors, replica_home: with data parallelism over identical devices only replica 0
             is simulated (on ``replica_home``); ``mirrors`` are the other replicas' devices.
+        ring_devices: the all-reduce ring's devices, in ring order (empty without data parallelism).
+        gradient_allreduces: the all-reduce tasks of weight gradients (the runtime fuses them into
+            buffers); the others reduce forward values (a loss, a metric), or gather.
+        gathered_allreduces: all-reduce task -> the bytes of each replica's rows, for sparse
+            gradients (an embedding's), which the ring gathers instead of summing.
         memory_tables, shared: tables the simulator's memory pass builds once, and the
             per-graph cache they are kept in when the tasks are the graph's own ops.
     """
@@ -79,6 +83,9 @@ class TaskGraph:
         self.shared: dict | None = None
         self.mirrors: list[int] = []
         self.replica_home = -1
+        self.ring_devices: list[str] = []
+        self.gradient_allreduces: list[int] = []
+        self.gathered_allreduces: dict[int, float] = {}
 
     def __len__(self) -> int:
         return len(self.names)
@@ -201,6 +208,7 @@ class _Builder:
             names = [self.cluster.device_names[d] for d in replicas]
             self.ring_link = self.cluster.subset(names).slowest_link() if len(replicas) > 1 else None
             self.ring_size = len(replicas)
+            tg.ring_devices = names
             classes = {(self.devices[d].kind, self.devices[d].speed, self.devices[d].memory_bandwidth,
                         self.devices[d].launch_overhead) for d in replicas}
             if len(classes) == 1 and len(replicas) > 1:
@@ -277,6 +285,8 @@ class _Builder:
             target = self.single[r][c]
             if dp and k >= 0 and not out.scales_with_batch:
                 self._allreduce(p, k, out, target)
+            elif dp and k >= 0 and self.ring_size > 1 and ops[p].phase == "backward":
+                self._allreduce(p, k, out, target, gather=True)  # a sparse gradient's rows
             else:
                 self._many_to_one(sources, k, out, target, (p, k, r))
             return
@@ -361,19 +371,31 @@ class _Builder:
             self._edge(combine, 0, tg.out_sizes[combine][0], target)
         return combine
 
-    def _allreduce(self, p: int, k: int, out: Affine, target: int) -> None:
+    def _allreduce(self, p: int, k: int, out: Affine, target: int, gather: bool = False) -> None:
+        """The ring's sum of a gradient (or, ``gather``, the ring passing every replica's rows of
+        a sparse gradient to every other: D - 1 steps of one piece per link), fed by each
+        replica's copies and feeding ``target``."""
         tg = self.tg
         ar = self.allreduces.get((p, k))
         if ar is None:
-            gradient = out.at(self.batch)
             replicas, link = self.ring_size, self.ring_link
-            # Each of the ring's 2(D-1) steps pays the link's latency once per fused buffer
-            # (see FUSION_BUFFER_BYTES): a gradient pays its share of that buffer's latency.
-            seconds = 0.0 if link is None else 2 * (replicas - 1) * (
-                link.latency * gradient / FUSION_BUFFER_BYTES + gradient / (replicas * link.bandwidth))
+            if gather:
+                piece = out.at(self.batch / replicas)
+                gradient = piece * replicas
+                seconds = 0.0 if link is None else (replicas - 1) * (link.latency + piece / link.bandwidth)
+            else:
+                gradient = out.at(self.batch)
+                # Each of the ring's 2(D-1) steps pays the link's latency once per fused buffer
+                # (see FUSION_BUFFER_BYTES): a gradient pays its share of that buffer's latency.
+                seconds = 0.0 if link is None else 2 * (replicas - 1) * (
+                    link.latency * gradient / FUSION_BUFFER_BYTES + gradient / (replicas * link.bandwidth))
             ar = tg.add(auxiliary_name(self.graph.ops[p].name, k, "allreduce"), -1, "allreduce", tg.ring, seconds,
                         (gradient,), 0.0, 0.0, self.rank[p] + 0.5)
             self.allreduces[(p, k)] = ar
+            if gather:
+                tg.gathered_allreduces[ar] = piece
+            elif self.graph.ops[p].phase == "backward" and self.graph.ops[p].type not in _NOT_GRADIENTS:
+                tg.gradient_allreduces.append(ar)
             for r, per_replica in enumerate(self.copies):
                 # A replica first sums its waves' gradients locally (gradient accumulation),
                 # then the ring reduces one tensor per replica.

@@ -4,9 +4,10 @@ Called at trace time, right after the step's ops were created (on every trace, r
 included). An op's device comes from the plan by name; ops the plan does not know (a
 relaxed-shape retrace adds some) are placed by their layer's device, found from their name
 scope; copies made by splits (``.../shard<i>/...``) and waves (``wave<w>/...``) take their
-shard's device and their wave's stage map. Ops that take a variable run where the variable
-lives. A split layer's shards are cut where their input is made and joined where the joined
-tensor is used, as the simulator's split and concat tasks run. An op left without a device
+shard's device and their wave's stage map; a data-parallel replica's (``replica<r>/...``) its
+replica's device. Ops that take a variable run where the variable lives. A split layer's
+shards are cut where their input is made and joined where the joined tensor is used, as the
+simulator's split and concat tasks run. An op left without a device
 whose consumers share one runs there (the sum of a split layer's weight gradients, created by
 autodiff, runs where the update does, as simulated).
 Each device's order is enforced with control edges, unless that would close a
@@ -23,7 +24,7 @@ from kerasflow.planner.graph import OpGraph
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.tasknames import parse_copy_name
 from kerasflow.planner.toposort import topological_order
-from kerasflow.strategies.scopes import shard_boundary, split_name
+from kerasflow.strategies.scopes import replica_of, shard_boundary, split_name
 
 __all__ = ["PlanApplier", "ApplyReport"]
 
@@ -110,8 +111,12 @@ class PlanApplier:
 
     def device_for(self, name: str) -> tuple[str | None, bool]:
         """The planned device of op ``name``, and whether it came from the layer fallback."""
-        base, wave, shard = split_name(name)
         plan = self.plan
+        if plan.data_parallel is not None:
+            replica = replica_of(name)
+            return (plan.data_parallel.devices[replica] if 0 <= replica < len(plan.data_parallel.devices)
+                    else None), False
+        base, wave, shard = split_name(name)
         device = None
         by_layer = False
         layer = self.layer_of_name(base) if (shard >= 0 or base not in plan.placement) else None
@@ -166,6 +171,9 @@ class PlanApplier:
                     report.placed += 1
                 continue
             device, by_layer = self.device_for(op.name)
+            if device is None and self.plan.data_parallel is not None and op.device:
+                report.placed += 1  # the ring and the batch's shares: placed where the step made them
+                continue
             if device is None:
                 report.unplaced.append(op.name)
                 continue
@@ -221,6 +229,9 @@ class PlanApplier:
 
     def _order(self, ops, by_name, report: ApplyReport) -> None:
         if not self.plan.order or self.skip_order:
+            return
+        if self.plan.data_parallel is not None:
+            report.order_skipped = "a data-parallel plan's order is not applied: each replica runs in data-flow order"
             return
         keyed: dict[tuple[str, int, int], tf.Operation] = {}
         for op in ops:

@@ -35,12 +35,14 @@ from kerasflow import _compat
 from kerasflow.multihost import run_within, silent_tasks, task_of
 from kerasflow.planner import Cluster, OpGraph, Plan, plan as make_plan
 from kerasflow.planner.errors import ClusterConnectionError, InvalidPlanError, KerasflowError
+from kerasflow.planner.ticktock import batch_coupled_ops
 from kerasflow.profiling.capture import capture_step
 from kerasflow.profiling.profiler import build_graph, profile_training_step, restore_variables, snapshot_variables
 from kerasflow.profiling.xplane import StepProfiler
 from kerasflow.strategies.applier import PlanApplier
 from kerasflow.strategies.options import Options
 from kerasflow.strategies.readback import PlacementReport, read_back, start_recording
+from kerasflow.strategies.replicas import Replicas
 from kerasflow.strategies.reporting import Reporter
 from kerasflow.strategies.steps import PlannedStep
 from kerasflow.strategies.variables import current_homes, group_devices, move_variables
@@ -70,6 +72,7 @@ class Driver:
         self.plan: Plan | None = None
         self.graph: OpGraph | None = None
         self.applier: PlanApplier | None = None
+        self.replicas: Replicas | None = None  # a data-parallel plan's copies of the weights
         self.mismatches: list | None = None
         self.transfers: list = []  # what the step read back sent between devices
         self.fallback: str | None = None
@@ -137,7 +140,8 @@ class Driver:
     def _install(self) -> None:
         recording = self.applier is None and self.state in ("warming_up", "profiling")
         step = PlannedStep(self.model, self._original_step, self.applier, on_trace=self._record_spec,
-                           custom_step=self._custom_step, on_batch=self._record_batch if recording else None)
+                           custom_step=self._custom_step, on_batch=self._record_batch if recording else None,
+                           replicas=self.replicas)
         object.__setattr__(self.model, "train_step", step)
 
     def _record_spec(self, data) -> None:
@@ -248,7 +252,7 @@ class Driver:
         custom = self._custom_step
         plan = make_plan(self.graph, self.cluster(), split=self.options.split and not custom,
                          tick_tock="off" if custom else self.options.tick_tock, memory_limit=self.options.memory_limit,
-                         max_split_evaluations=self.options.max_split_evaluations, replicated=False,
+                         max_split_evaluations=self.options.max_split_evaluations, replicated=self._may_replicate(),
                          verbose=0 if self.reporter.quiet else self.options.verbose)
         say("kerasflow: rebuilding the training step with the plan")
         self._use(plan)
@@ -258,6 +262,16 @@ class Driver:
                        "predicted_step_time": plan.predicted_step_time, "candidates": dict(plan.candidates)}
         if self.options.log_dir:
             self.reporter.write_logs(self.options.log_dir, plan, self.graph, self.cluster())
+
+    def _may_replicate(self) -> bool:
+        """Whether the planner may replicate the step: ``replicated="on"``, or ``"auto"`` where the
+        replicas keep the model's math (no batch-coupled op) on one host (replicas across hosts are
+        untested), on a runtime that can run them (a Keras 3 model whose train_step is Keras' own)."""
+        choice = self.options.replicated
+        if choice == "off" or self._custom_step or not _compat.can_move_variables(self.model):
+            return False
+        one_host = len({task_of(d) for d in self.options.devices}) == 1
+        return choice == "on" or (one_host and not batch_coupled_ops(self.graph))
 
     def _verify_given_plan(self) -> None:
         """For ``plan=``: after the first step, checks the plan against the model's structure,
@@ -288,12 +302,17 @@ class Driver:
 
     def _use(self, plan: Plan) -> None:
         """Moves variables, installs the plan-applying step and rebuilds the train function."""
-        if plan.data_parallel is not None:
-            raise KerasflowError("a data-parallel plan replicates the step; FastTStrategy runs one replica whose "
-                                 "ops it spreads (use tf.distribute.MirroredStrategy for replicas)")
+        if plan.data_parallel is not None and self._custom_step:
+            raise KerasflowError("A data-parallel plan runs kerasflow's own step per replica, and this model has its "
+                                 f"own train_step. Received: a plan of {plan.algorithm!r}. Plan with "
+                                 "replicated=False for this model.")
         self.plan = plan
         self._homes_before = current_homes(self.model)
         move_variables(self.model, group_devices(plan, self.graph), creating=self.creating)
+        self.replicas = None
+        if plan.data_parallel is not None:
+            with _compat.strategy_scope(self.model):
+                self.replicas = Replicas(self.model, list(plan.data_parallel.devices), creating=self.creating)
         self.applier = PlanApplier(plan, self.graph, self.options.devices)
         self.state = "planned"
         self._install()
@@ -399,7 +418,7 @@ class Driver:
                            f"placement{'' if planned else ', unchanged'}. {_FIX}")
         if self.model is None or self._original_step is None:
             return
-        self.applier = None
+        self.applier = self.replicas = None
         object.__setattr__(self.model, "train_step", self._original_step)
         homes, creating = self._homes_before, self.creating
         lost = None

@@ -71,6 +71,13 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             with the transfers the simulator predicts, but on the CPU testbed they beat the
             unsplit plan on three models of five and lost on two; see ``docs/benchmarks.md``).
         tick_tock: ``"auto"``, ``"on"`` or ``"off"`` (see ``kerasflow.plan``).
+        replicated: whether the planner may replicate the whole step on every device (data
+            parallelism: a copy of the weights per device, the gradients summed by a ring
+            all-reduce). ``"auto"`` (the default) allows it where the replicas keep the model's
+            math: a Keras 3 model with its own ``train_step`` left to Keras and no batch-coupled
+            layer (BatchNormalization in training); ``"on"`` allows it on batch-coupled models
+            too (each replica normalizes its own share, as ``MirroredStrategy`` does); ``"off"``
+            never.
         memory_limit: a cap in bytes for every device.
         log_dir: where to write ``plan.json``, ``profile.json`` and ``timeline.json`` (and
             TensorBoard scalars, when TensorBoard is installed).
@@ -111,15 +118,15 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
 
     def __init__(self, devices: list[str] | None = None, cluster: Cluster | str | None = None,
                  plan: Plan | str | None = None, warmup_steps: int | None = None, profile_steps: int | None = None,
-                 split: bool | None = None, tick_tock: str | None = None, memory_limit: float | None = None,
-                 log_dir: str | None = None, verbose: Any = None, on_mismatch: str = "error",
+                 split: bool | None = None, tick_tock: str | None = None, replicated: str | bool | None = None,
+                 memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None, on_mismatch: str = "error",
                  cluster_resolver: Any = None, inter_host_link: Any = "measure",
                  connect_timeout: float = 30.0, on_lost_task: str = "exit"):
         from kerasflow import multihost
         from kerasflow.devices import default_devices
 
         settings = dict(warmup_steps=warmup_steps, profile_steps=profile_steps, split=split, tick_tock=tick_tock,
-                        memory_limit=memory_limit, log_dir=log_dir, verbose=verbose, on_mismatch=on_mismatch)
+                        replicated=replicated, memory_limit=memory_limit, log_dir=log_dir, verbose=verbose, on_mismatch=on_mismatch)
         Options.build([], **settings)  # every setting checked before anything connects
         if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)) or not (
                 0 < connect_timeout < float("inf")):
@@ -154,7 +161,6 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
                 raise KerasflowError(f"The cluster {cluster.name!r} has no device(s) {absent}; its devices are "
                                      f"{cluster.device_names}.")
         if plan is not None:
-            _check_single_replica(plan)
             unknown = sorted(set(plan.devices()) - set(devices))
             if unknown:
                 raise KerasflowError(f"The plan uses device(s) {unknown} that this strategy does not have "
@@ -257,7 +263,6 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         """
         if isinstance(plan, (str, os.PathLike)):
             plan = Plan.load(plan)
-        _check_single_replica(plan)
         unknown = sorted(set(plan.devices()) - set(self._options.devices))
         if unknown:
             raise KerasflowError(f"The plan uses device(s) {unknown} that this strategy does not have "
@@ -340,11 +345,3 @@ def _canonical(device: str) -> str:
 
 def _known_devices() -> set[str]:
     return {_canonical(d.name) for d in tf.config.list_logical_devices()}
-
-
-def _check_single_replica(plan: Plan) -> None:
-    if plan.data_parallel is not None:
-        raise KerasflowError(
-            "This plan is data parallelism (one replica of the step per device); FastTStrategy runs one replica "
-            "and spreads its ops. Make the plan with kerasflow.plan(..., replicated=False), or train it with "
-            "tf.distribute.MirroredStrategy.")

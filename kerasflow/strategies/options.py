@@ -19,6 +19,7 @@ __all__ = ["Options", "parse_bool"]
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _TICK_TOCK = ("auto", "on", "off")
+_REPLICATED = ("auto", "on", "off")
 
 
 def parse_bool(name: str, raw: Any) -> bool:
@@ -89,13 +90,23 @@ def _parse_tick_tock(name: str, raw: Any) -> str:
     return text
 
 
+def _parse_replicated(name: str, raw: Any) -> str:
+    text = str(raw).strip().lower()
+    if text in _REPLICATED:
+        return text
+    try:
+        return "on" if parse_bool(name, raw) else "off"
+    except KerasflowError:
+        raise KerasflowError(f"{name} must be 'auto', 'on' or 'off' (or a boolean). Received: {name}={raw!r}") from None
+
+
 @dataclasses.dataclass
 class Options:
     """How kerasflow plans inside ``fit``; arguments first, then ``KERASFLOW_*`` variables.
 
     Environment: ``KERASFLOW_WARMUP_STEPS``, ``KERASFLOW_PROFILE_STEPS``, ``KERASFLOW_SPLIT``,
-    ``KERASFLOW_TICK_TOCK``, ``KERASFLOW_MEMORY_LIMIT``, ``KERASFLOW_LOG_DIR``,
-    ``KERASFLOW_VERBOSE`` — used for any argument left at None. Booleans take 1/0,
+    ``KERASFLOW_TICK_TOCK``, ``KERASFLOW_REPLICATED``, ``KERASFLOW_MEMORY_LIMIT``,
+    ``KERASFLOW_LOG_DIR``, ``KERASFLOW_VERBOSE`` — used for any argument left at None. Booleans take 1/0,
     true/false, yes/no or on/off.
 
     Example:
@@ -108,10 +119,11 @@ class Options:
     plan: Plan | None = None
     warmup_steps: int = 2
     profile_steps: int = 3
-    # Off inside fit by default: the runtime still gathers every split layer's output through
-    # one device, which the simulator does not model, so split plans run slower than predicted.
+    # Off inside fit by default: on the CPU testbed split plans beat the unsplit plan on three
+    # models of five and lost on two (docs/benchmarks.md).
     split: bool = False
     tick_tock: str = "auto"
+    replicated: str = "auto"
     memory_limit: float | None = None
     log_dir: str | None = None
     verbose: Any = "auto"
@@ -147,6 +159,7 @@ class Options:
             profile_steps=pick("profile_steps", lambda n, v: _parse_int(n, v, 1), 3),
             split=pick("split", parse_bool, False),
             tick_tock=pick("tick_tock", _parse_tick_tock, "auto"),
+            replicated=pick("replicated", _parse_replicated, "auto"),
             memory_limit=pick("memory_limit", _parse_memory, None),
             log_dir=pick("log_dir", lambda n, v: str(v), None),
             verbose=pick("verbose", _parse_verbose, "auto"),

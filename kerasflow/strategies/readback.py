@@ -118,7 +118,7 @@ def _mismatches(applier: PlanApplier, partition_graphs) -> list[PlacementMismatc
                 planned = plan.placement.get(base) if shard < 0 else None
             else:
                 planned, _ = applier.device_for(name)
-                if base not in plan.placement and shard < 0:
+                if base not in plan.placement and shard < 0 and plan.data_parallel is None:
                     planned = None
             if planned is None:
                 continue

@@ -6,7 +6,8 @@ profiled op a copy comes from. A split layer cuts its inputs into shards under
 ``shard_inputs`` and joins its outputs under ``shard_outputs``; the applier runs a cut where its
 input is made and a join where its output is used, as the simulator's split and concat tasks run.
 The waves' own bookkeeping (their slices of the batch, the sums of their gradients) runs under
-``waves``, so that it shifts none of the names TensorFlow gives the profiled step's ops.
+``waves``, so that it shifts none of the names TensorFlow gives the profiled step's ops. A
+data-parallel plan runs each replica under ``replica<r>`` and its all-reduce under ``ring``.
 Both sides use these functions, so the grammar has one home.
 """
 
@@ -14,16 +15,18 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["wave_scope", "shard_scope", "SHARD_INPUTS_SCOPE", "SHARD_OUTPUTS_SCOPE", "WAVES_SCOPE", "shard_boundary",
-           "split_name"]
+__all__ = ["wave_scope", "shard_scope", "replica_scope", "SHARD_INPUTS_SCOPE", "SHARD_OUTPUTS_SCOPE", "WAVES_SCOPE",
+           "RING_SCOPE", "shard_boundary", "split_name", "replica_of"]
 
 SHARD_INPUTS_SCOPE = "shard_inputs"
 SHARD_OUTPUTS_SCOPE = "shard_outputs"
 WAVES_SCOPE = "waves"
+RING_SCOPE = "ring"
 _GRADIENT_PREFIX = "gradient_tape/"
 
 _WAVE = re.compile(r"^wave(\d+)$")
 _SHARD = re.compile(r"^shard(\d+)$")
+_REPLICA = re.compile(r"^replica(\d+)(?:_\d+)?$")  # TensorFlow suffixes a scope entered again
 
 
 def wave_scope(wave: int) -> str:
@@ -44,6 +47,32 @@ def shard_scope(shard: int) -> str:
         'shard0'
     """
     return f"shard{shard}"
+
+
+def replica_scope(replica: int) -> str:
+    """The name scope of data-parallel replica ``replica``'s ops.
+
+    Example:
+        >>> replica_scope(1)
+        'replica1'
+    """
+    return f"replica{replica}"
+
+
+def replica_of(name: str) -> int:
+    """The data-parallel replica an op name belongs to (its outermost ``replica<r>`` scope), else -1.
+
+    Example:
+        >>> replica_of("gradient_tape/replica1/sequential/dense/MatMul"), replica_of("replica1_2/adam/Mul")
+        (1, 1)
+        >>> replica_of("ring/add")
+        -1
+    """
+    for part in name.split("/"):
+        match = _REPLICA.match(part)
+        if match:
+            return int(match.group(1))
+    return -1
 
 
 def shard_boundary(name: str) -> str | None:

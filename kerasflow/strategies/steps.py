@@ -4,18 +4,24 @@
 ``call``: each input is cut once into shards of the batch, each shard runs under its device
 and a ``shard<i>`` name scope, and the outputs are concatenated, except for the next split
 layer with the same shards, which takes them shard by shard (as the simulator connects
-them); autodiff gives gradients equal to the unsplit layer's. Then it runs the step, as is
-or as waves, and hands every op of the trace that runs (TensorFlow prunes the others) to the
-``PlanApplier``.
+them); autodiff gives gradients equal to the unsplit layer's. Then it runs the step, as is,
+as waves, or as data-parallel replicas, and hands every op of the trace that runs (TensorFlow
+prunes the others) to the ``PlanApplier``.
 
 Waves run the batch as micro-batches under ``wave<w>`` name scopes. Each wave's loss is
 scaled by its share of the batch, so the summed gradients are the whole batch's; one
 optimizer update follows, and the loss and metrics are computed for the whole batch. With
 the Tick-Tock offset, a wave's forward pass starts after the previous wave's forward pass.
+
+Replicas (a data-parallel plan) run under ``replica<r>`` on their devices, each on its share of
+the batch and its own copy of the weights (``Replicas``); the ring all-reduce sums their
+gradients and each replica applies the update to its copy. Each replica updates the loss and
+the metrics with its share, as ``MirroredStrategy`` does, so their values are the whole batch's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable
 
@@ -24,7 +30,9 @@ import tensorflow as tf
 from kerasflow import _compat
 from kerasflow.profiling.capture import last_op_id, live_operations
 from kerasflow.strategies.applier import PlanApplier
-from kerasflow.strategies.scopes import SHARD_INPUTS_SCOPE, SHARD_OUTPUTS_SCOPE, WAVES_SCOPE, shard_scope, wave_scope
+from kerasflow.strategies.replicas import Replicas, all_reduce_gradients
+from kerasflow.strategies.scopes import (SHARD_INPUTS_SCOPE, SHARD_OUTPUTS_SCOPE, WAVES_SCOPE, replica_scope, shard_scope,
+                                         wave_scope)
 
 __all__ = ["PlannedStep", "split_call"]
 
@@ -150,12 +158,14 @@ class PlannedStep:
         on_batch: while no plan is applied, called with each batch the step runs on, as
             numpy values (kerasflow profiles with a real batch of the user's data: string
             inputs, lookup layers and unknown dimensions need one). None: not recorded.
+        replicas: the per-device copies a data-parallel plan runs on (``Replicas``).
     """
 
     def __init__(self, model, original: Callable, applier: PlanApplier | None = None,
                  on_trace: Callable[[Any], None] | None = None, custom_step: bool = False,
-                 on_batch: Callable[[Any], None] | None = None):
+                 on_batch: Callable[[Any], None] | None = None, replicas: Replicas | None = None):
         self.model = model
+        self.replicas = replicas
         self.original = original
         self.applier = applier
         self.on_trace = on_trace
@@ -184,7 +194,9 @@ class PlannedStep:
                 patched.append((layer, layer.__dict__.get("call")))
                 object.__setattr__(layer, "call", split_call(layer.call, shards, chains))
         try:
-            if plan.waves is not None and plan.waves.count > 1 and not self.custom_step:
+            if plan.data_parallel is not None:
+                outputs = self._replicated(data)
+            elif plan.waves is not None and plan.waves.count > 1 and not self.custom_step:
                 outputs = self._waves(data)
             else:
                 outputs = self.original(data)
@@ -207,41 +219,76 @@ class PlannedStep:
         """One step as micro-batches whose scaled gradients are summed before one update."""
         model = self.model
         x, y, sample_weight = _unpack(data)
-        waves = self.applier.plan.waves
         batch = _batch_of(x)
-        sizes = _sizes(batch, [waves.fraction(w) for w in range(waves.count)])
         variables = model.trainable_weights
-        total_gradients = None
-        predictions, losses = [], []
-        start = 0
-        previous_forward = None
-        for w, size in enumerate(sizes):
+        predictions, losses, gradients = self._micro_batches(x, y, sample_weight, batch, batch, variables)
+        model.optimizer.apply_gradients(zip(gradients, variables))
+        with tf.name_scope(WAVES_SCOPE):
+            prediction = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
+            loss = tf.add_n(losses)
+        return _compat.finish_step(model, x, y, prediction, sample_weight, loss, batch)
+
+    def _micro_batches(self, x, y, sample_weight, size, whole, variables):
+        """The plan's waves over ``size`` rows (of a batch of ``whole``): each wave's predictions,
+        its loss scaled by its share of ``whole``, and the sum of the scaled gradients."""
+        model, waves = self.model, self.applier.plan.waves
+        count = waves.count if waves is not None else 1
+        sizes = _sizes(size, [waves.fraction(w) for w in range(count)] if count > 1 else [1.0])
+        total_gradients, predictions, losses = None, [], []
+        start, previous_forward = 0, None
+        for w, part in enumerate(sizes):
             # The waves' own bookkeeping (slices, shares, sums) under one scope of its own, so
             # it shifts none of the names the profiled step's ops have (the plan names them).
             with tf.name_scope(WAVES_SCOPE):
-                xw, yw = _slice(x, start, size, batch), _slice(y, start, size, batch)
-                sw = _slice(sample_weight, start, size, batch) if sample_weight is not None else None
-                share = tf.cast(size, tf.float32) / tf.cast(batch, tf.float32)
+                xw, yw = _slice(x, start, part, size), _slice(y, start, part, size)
+                sw = _slice(sample_weight, start, part, size) if sample_weight is not None else None
+                share = tf.cast(part, tf.float32) / tf.cast(whole, tf.float32)
             barrier = [previous_forward] if previous_forward is not None and waves.offset == "forward" else []
-            with tf.name_scope(wave_scope(w)), tf.control_dependencies(barrier):
+            scope = tf.name_scope(wave_scope(w)) if count > 1 else contextlib.nullcontext()
+            with scope, tf.control_dependencies(barrier):
                 with tf.GradientTape() as tape:
                     prediction = model(xw, training=True)
                     loss = _compat.compute_loss(model, xw, yw, prediction, sw)
                     scaled = tf.cast(loss, tf.float32) * share
                 gradients = tape.gradient(scaled, variables)
-            previous_forward = prediction if not isinstance(prediction, (list, tuple, dict)) else \
-                tf.nest.flatten(prediction)[0]
+            previous_forward = tf.nest.flatten(prediction)[0]
             predictions.append(prediction)
             losses.append(scaled)
             with tf.name_scope(WAVES_SCOPE):
                 total_gradients = gradients if total_gradients is None else [
                     _add(t, g) for t, g in zip(total_gradients, gradients)]
+            start = start + part
+        return predictions, losses, total_gradients
+
+    def _replicated(self, data):
+        """One data-parallel step: each replica runs its share of the batch (as waves, when the
+        plan has them) on its own copy of the weights, the ring sums the gradients, and every
+        replica applies the same update; the loss and metrics are updated replica by replica."""
+        model, replicas = self.model, self.replicas
+        x, y, sample_weight = _unpack(data)
+        batch = _batch_of(x)
+        devices = replicas.devices
+        sizes = _sizes(batch, [1.0 / len(devices)] * len(devices))
+        per_replica, start = [], 0
+        for r, (device, size) in enumerate(zip(devices, sizes)):
+            with tf.device(device), tf.name_scope(replica_scope(r)), replicas.swapped(r):
+                with tf.name_scope(WAVES_SCOPE):
+                    xr, yr = _slice(x, start, size, batch), _slice(y, start, size, batch)
+                    sr = _slice(sample_weight, start, size, batch) if sample_weight is not None else None
+                variables = model.trainable_weights if r == 0 else replicas.trainable(r)
+                per_replica.append((xr, yr, sr, size) + self._micro_batches(xr, yr, sr, size, batch, variables))
             start = start + size
-        model.optimizer.apply_gradients(zip(total_gradients, variables))
-        with tf.name_scope(WAVES_SCOPE):
-            prediction = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
-            loss = tf.add_n(losses)
-        return _compat.finish_step(model, x, y, prediction, sample_weight, loss, batch)
+        summed = all_reduce_gradients([gradients for *_, gradients in per_replica], devices)
+        for r, device in enumerate(devices):
+            with tf.device(device), tf.name_scope(replica_scope(r)), replicas.swapped(r):
+                replicas.apply(r, summed[r])
+        for r, (xr, yr, sr, size, predictions, losses, _) in enumerate(per_replica):
+            with tf.device(devices[r]), tf.name_scope(replica_scope(r)):
+                with tf.name_scope(WAVES_SCOPE):
+                    prediction = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
+                    own_mean = tf.math.divide_no_nan(tf.add_n(losses) * tf.cast(batch, tf.float32), tf.cast(size, tf.float32))
+                metrics = _compat.finish_step(model, xr, yr, prediction, sr, own_mean, size)
+        return metrics
 
 
 def _record_batch(data, record: Callable[[Any], None]) -> None:

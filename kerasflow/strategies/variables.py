@@ -34,10 +34,13 @@ def _swap(variable, device: str, creating) -> bool:
 
 
 def group_devices(plan: Plan, graph) -> dict[str, str]:
-    """Colocation group (a variable's path) -> the device the plan gives its ops."""
+    """Colocation group (a variable's path) -> the device the plan gives its ops (with data
+    parallelism: the first replica's, which holds the model's own variables)."""
     devices = {}
-    if graph is None or plan.data_parallel is not None:
+    if graph is None:
         return devices
+    if plan.data_parallel is not None:
+        return {op.colocation: plan.data_parallel.devices[0] for op in graph.ops if op.colocation is not None}
     for op in graph.ops:
         if op.colocation is not None and op.name in plan.placement:
             devices.setdefault(op.colocation, plan.placement[op.name])

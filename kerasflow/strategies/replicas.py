@@ -1,0 +1,231 @@
+"""Data parallelism inside ``fit``: a copy of the weights and of the optimizer on every replica's
+device, the ring all-reduce of the gradients, and one update on every copy.
+
+A data-parallel plan (``Plan.data_parallel``) runs the step once per device on that device's
+share of the batch. The first device's replica uses the model's own variables and optimizer;
+every other device gets a copy of each model variable (trainable and not) and a clone of the
+optimizer built on those copies, with the same state. A replica is traced with the model's
+variables pointing at its copies (Keras 3 keeps the TensorFlow variable behind each Keras
+variable in one attribute), so every op it makes reads and writes its own device's copy.
+The gradients are fused into buffers and each buffer is summed by a ring all-reduce
+(``planner.ring``) built from TensorFlow ops: each chunk is summed once and then copied around
+the ring, so every copy gets the same sum,
+applies the same update and stays equal to the model's own variables. Keras 3 only: tf-keras
+variables cannot be repointed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import tensorflow as tf
+
+from kerasflow import _compat
+from kerasflow.planner.errors import KerasflowError
+from kerasflow.planner.ring import fusion_buffers, gather_schedule, ring_chunks, ring_schedule
+from kerasflow.strategies.scopes import RING_SCOPE
+
+__all__ = ["Replicas", "ring_all_reduce", "all_reduce_gradients"]
+
+
+class Replicas:
+    """The per-device copies of a model's variables and optimizer for a data-parallel plan.
+
+    Args:
+        model: a compiled Keras 3 model whose optimizer is built.
+        devices: the replicas' devices; the first holds the model's own variables.
+        creating: a context manager factory ``f(device)`` that lets a variable be created off
+            the strategy's default device.
+
+    Raises:
+        KerasflowError: a tf-keras model, or fewer than two devices.
+
+    Example:
+        >>> import keras, kerasflow
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> model.compile("sgd", "mse")
+        >>> model.optimizer.build(model.trainable_variables)
+        >>> replicas = Replicas(model, ["/CPU:0", "/CPU:1"])
+        >>> with replicas.swapped(1):
+        ...     print(model.layers[0].kernel.value.device.endswith("CPU:1"))
+        True
+    """
+
+    def __init__(self, model, devices: list[str], creating: Callable | None = None):
+        if not _compat.can_move_variables(model):
+            raise KerasflowError("A data-parallel plan runs only on Keras 3 models (tf-keras variables cannot be "
+                                 f"copied per device). Received: a {_compat.flavor(model)} model. Plan with "
+                                 "replicated=False, or use tf.distribute.MirroredStrategy.")
+        if len(devices) < 2:
+            raise KerasflowError(f"A data-parallel plan needs two or more devices. Received: devices={devices}.")
+        self.model, self.devices = model, list(devices)
+        creating = creating or (lambda device: contextlib.nullcontext())
+        self._variables = [v for v in _compat.model_variables(model) if hasattr(v, "_value")]
+        optimizer = model.optimizer
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        self._copies: list[list[tf.Variable]] = [[v._value for v in self._variables]]
+        self._optimizers = [optimizer]
+        for device in self.devices[1:]:
+            with tf.init_scope(), creating(device), tf.device(device):
+                self._copies.append([tf.Variable(v._value.read_value(), trainable=v.trainable,
+                                                 name=v._value.name.split(":")[0]) for v in self._variables])
+            replica = len(self._copies) - 1
+            with self.swapped(replica), tf.init_scope(), creating(device), tf.device(device):
+                clone = optimizer.__class__.from_config(optimizer.get_config())
+                clone.build(model.trainable_variables)
+                for own, copy in zip(optimizer.variables, clone.variables):
+                    copy.assign(own)
+            self._optimizers.append(clone)
+
+    @contextlib.contextmanager
+    def swapped(self, replica: int):
+        """While inside, the model's variables are replica ``replica``'s copies (at trace time)."""
+        if replica == 0:
+            yield
+            return
+        for variable, copy in zip(self._variables, self._copies[replica]):
+            variable._value = copy
+        try:
+            yield
+        finally:
+            for variable, own in zip(self._variables, self._copies[0]):
+                variable._value = own
+
+    def trainable(self, replica: int) -> list[tf.Variable]:
+        """Replica ``replica``'s TensorFlow variables behind the model's trainable weights."""
+        trainable = {id(v) for v in self.model.trainable_variables}
+        return [copy for variable, copy in zip(self._variables, self._copies[replica]) if id(variable) in trainable]
+
+    def apply(self, replica: int, gradients: list) -> None:
+        """Replica ``replica``'s optimizer update with the summed ``gradients`` (inside ``swapped``)."""
+        optimizer = self._optimizers[replica]
+        if replica:  # a learning rate a callback set on the model's optimizer reaches every copy
+            own = self._optimizers[0]._learning_rate
+            if hasattr(own, "assign"):  # a schedule is a function of the copied iteration count
+                optimizer._learning_rate.assign(own)
+        optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
+
+    def differences(self) -> float:
+        """The largest absolute difference between any copy and the model's own variables."""
+        largest = 0.0
+        for copies in self._copies[1:]:
+            for own, copy in zip(self._copies[0], copies):
+                if own.dtype.is_floating:
+                    largest = max(largest, float(tf.reduce_max(tf.abs(tf.cast(own, tf.float64) -
+                                                                      tf.cast(copy, tf.float64)))))
+        return largest
+
+
+def ring_all_reduce(tensors: list, devices: list[str]) -> list:
+    """The sum of ``tensors`` (one per device, same shape) on every device, by a ring all-reduce.
+
+    Each ``tensors[i]`` is made on ``devices[i]``; the result's ``[i]`` is on ``devices[i]``.
+    Sparse gradients are made dense first; a None (a variable without a gradient) stays None.
+
+    Example:
+        >>> parts = []
+        >>> for i, device in enumerate(["/CPU:0", "/CPU:1"]):
+        ...     with tf.device(device):
+        ...         parts.append(tf.constant([1.0, 2.0, 3.0]) * (i + 1))
+        >>> [t.numpy().tolist() for t in ring_all_reduce(parts, ["/CPU:0", "/CPU:1"])]
+        [[3.0, 6.0, 9.0], [3.0, 6.0, 9.0]]
+    """
+    if any(t is None for t in tensors):
+        return [None] * len(tensors)
+    count = len(devices)
+    shape = tf.shape(tensors[0])
+    chunks = ring_chunks(tensors[0].shape.num_elements() or 0, count) if tensors[0].shape.is_fully_defined() \
+        else None
+    held = []
+    with tf.name_scope(RING_SCOPE):
+        for tensor, device in zip(tensors, devices):
+            with tf.device(device):
+                flat = tf.reshape(tf.convert_to_tensor(tensor), [-1])
+                held.append(tf.split(flat, chunks, axis=0) if chunks is not None else _even_split(flat, count))
+        for send in ring_schedule(count):
+            with tf.device(devices[send.dst]):
+                received = held[send.src][send.chunk]
+                held[send.dst][send.chunk] = (held[send.dst][send.chunk] + received if send.reduce
+                                              else tf.identity(received))
+        results = []
+        for pieces, device in zip(held, devices):
+            with tf.device(device):
+                results.append(tf.reshape(tf.concat(pieces, axis=0), shape))
+    return results
+
+
+def all_reduce_gradients(per_replica: list[list], devices: list[str]) -> list[list]:
+    """Each replica's gradients (``per_replica[r][i]`` on ``devices[r]``) replaced by their sums,
+    fused into buffers (``planner.ring.fusion_buffers``, per dtype), one ring per buffer. A sparse
+    gradient (an embedding's ``IndexedSlices``) stays sparse: every replica's rows are passed
+    around the ring and joined in replica order, which is the whole batch's gradient as one
+    device makes it, so the optimizer's sparse update runs as it would there.
+
+    Example:
+        >>> parts = []
+        >>> for i, device in enumerate(["/CPU:0", "/CPU:1"]):
+        ...     with tf.device(device):
+        ...         parts.append([tf.constant([1.0, 2.0]) * (i + 1), tf.constant([[5.0]]), None])
+        >>> summed = all_reduce_gradients(parts, ["/CPU:0", "/CPU:1"])
+        >>> [g.numpy().tolist() if g is not None else None for g in summed[1]]
+        [[3.0, 6.0], [[10.0]], None]
+    """
+    summed = [list(gradients) for gradients in per_replica]
+    first = per_replica[0]
+    by_dtype: dict = {}
+    for i, gradient in enumerate(first):
+        if gradient is None:
+            continue
+        if isinstance(gradient, tf.IndexedSlices):
+            for r, gathered in enumerate(_ring_all_gather([gradients[i] for gradients in per_replica], devices)):
+                summed[r][i] = gathered
+        elif gradient.shape.is_fully_defined():
+            by_dtype.setdefault(gradient.dtype, []).append(i)
+        else:  # a shape known only when the step runs: a ring of its own
+            for r, total in enumerate(ring_all_reduce([gradients[i] for gradients in per_replica], devices)):
+                summed[r][i] = total
+    for dtype, members in by_dtype.items():
+        sizes = [first[i].shape.num_elements() * dtype.size for i in members]
+        for buffer in fusion_buffers(sizes):
+            indices = [members[b] for b in buffer]
+            flat = []
+            for gradients, device in zip(per_replica, devices):
+                with tf.device(device), tf.name_scope(RING_SCOPE):
+                    flat.append(tf.concat([tf.reshape(gradients[i], [-1]) for i in indices], axis=0))
+            for r, (total, device) in enumerate(zip(ring_all_reduce(flat, devices), devices)):
+                with tf.device(device), tf.name_scope(RING_SCOPE):
+                    pieces = tf.split(total, [first[i].shape.num_elements() for i in indices], axis=0)
+                    for i, piece in zip(indices, pieces):
+                        summed[r][i] = tf.reshape(piece, first[i].shape)
+    return summed
+
+
+def _ring_all_gather(slices: list, devices: list[str]) -> list:
+    """Every replica's ``IndexedSlices`` joined in replica order, on every device: each replica's
+    rows go around the ring, one hop per step."""
+    count = len(devices)
+    held = [{r: slices[r]} for r in range(count)]  # device -> replica -> its rows there
+    with tf.name_scope(RING_SCOPE):
+        for send in gather_schedule(count):
+            rows = held[send.src][send.chunk]
+            with tf.device(devices[send.dst]):
+                held[send.dst][send.chunk] = tf.IndexedSlices(tf.identity(rows.values), tf.identity(rows.indices),
+                                                              rows.dense_shape)
+        gathered = []
+        for position, device in enumerate(devices):
+            parts = [held[position][r] for r in range(count)]
+            with tf.device(device):
+                gathered.append(tf.IndexedSlices(tf.concat([p.values for p in parts], axis=0),
+                                                 tf.concat([p.indices for p in parts], axis=0),
+                                                 parts[0].dense_shape))
+    return gathered
+
+
+def _even_split(flat: tf.Tensor, count: int) -> list:
+    """``ring_chunks`` for a length known only when the step runs."""
+    size = tf.size(flat)
+    base, extra = size // count, size % count
+    sizes = [base + tf.cast(i < extra, size.dtype) for i in range(count)]
+    return tf.split(flat, tf.stack(sizes), num=count, axis=0)

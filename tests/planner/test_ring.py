@@ -1,0 +1,79 @@
+"""The ring all-reduce's schedule and the chunks the simulator says it sends."""
+
+import random
+
+import pytest
+
+from kerasflow.planner import Cluster, baselines, simulate, synthetic
+from kerasflow.planner.ring import fusion_buffers, ring_chunks, ring_schedule, ring_transfers
+
+
+def test_three_devices_send_each_chunk_around_the_ring_as_worked_out_by_hand():
+    # Reduce-scatter: at step s position i sends chunk i - s; all-gather: chunk i + 1 - s.
+    #   step 0: 0->1 c0, 1->2 c1, 2->0 c2      step 2: 0->1 c1, 1->2 c2, 2->0 c0
+    #   step 1: 0->1 c2, 1->2 c0, 2->0 c1      step 3: 0->1 c0, 1->2 c1, 2->0 c2
+    expected = [(0, 0, 1, 0), (0, 1, 2, 1), (0, 2, 0, 2), (1, 0, 1, 2), (1, 1, 2, 0), (1, 2, 0, 1),
+                (2, 0, 1, 1), (2, 1, 2, 2), (2, 2, 0, 0), (3, 0, 1, 0), (3, 1, 2, 1), (3, 2, 0, 2)]
+    sends = ring_schedule(3)
+    assert [(s.step, s.src, s.dst, s.chunk) for s in sends] == expected
+    assert [s.reduce for s in sends] == [True] * 6 + [False] * 6
+
+
+def test_chunks_are_as_even_as_possible():
+    assert ring_chunks(10, 3) == [4, 3, 3]
+    assert ring_chunks(2, 4) == [1, 1, 0, 0]
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4, 5])
+def test_every_position_ends_with_the_whole_sum_each_chunk_summed_once(parts):
+    rng = random.Random(parts)
+    values = [[rng.randint(-9, 9) for _ in range(parts)] for _ in range(parts)]  # position -> chunk -> value
+    held = [list(row) for row in values]
+    terms = [[{i} for _ in range(parts)] for i in range(parts)]  # which positions' values each holds
+    for send in ring_schedule(parts):
+        value, contributors = held[send.src][send.chunk], terms[send.src][send.chunk]
+        if send.reduce:
+            assert not contributors & terms[send.dst][send.chunk]  # nothing is added twice
+            held[send.dst][send.chunk] += value
+            terms[send.dst][send.chunk] = terms[send.dst][send.chunk] | contributors
+        else:
+            held[send.dst][send.chunk], terms[send.dst][send.chunk] = value, contributors
+    sums = [sum(values[i][c] for i in range(parts)) for c in range(parts)]
+    assert held == [sums] * parts
+    assert all(t == set(range(parts)) for row in terms for t in row)
+
+
+def test_each_link_carries_two_d_minus_one_chunks():
+    sent = ring_transfers(["a", "b", "c"], 40.0)  # 10 float32 elements: chunks of 4, 3, 3
+    per_link = {}
+    for src, dst, nbytes in sent:
+        per_link.setdefault((src, dst), []).append(nbytes)
+    # a sends c0, c2 (reduce-scatter) then c1, c0 (all-gather): 4+3+3+4 elements.
+    assert per_link == {("a", "b"): [16.0, 12.0, 12.0, 16.0], ("b", "c"): [12.0, 16.0, 12.0, 12.0],
+                        ("c", "a"): [12.0, 12.0, 16.0, 12.0]}
+    assert ring_transfers(["a"], 40.0) == []
+
+
+def test_gradients_are_fused_first_fit_largest_first():
+    # Largest first: 60 opens buffer 0 (40 left), 50 does not fit and opens buffer 1, 30 fits
+    # in buffer 0 (10 left), then 10 fills it; a gradient over the limit gets a buffer of its own.
+    assert fusion_buffers([10, 60, 30, 50], limit=100) == [[1, 2, 0], [3]]
+    assert fusion_buffers([250, 10], limit=100) == [[0], [1]]
+    assert fusion_buffers([]) == []
+
+
+def test_the_simulated_ring_sends_the_fused_gradients_around_the_data_parallel_devices():
+    graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
+    result = simulate(graph, cluster, baselines.data_parallel(graph, cluster))
+    reduced = {name: (start, end) for name, role, start, end in
+               zip(result.task_names, result.task_role, result.task_start, result.task_end) if role == "allreduce"}
+    assert len(reduced) >= 2
+    pairs = {(t.src, t.dst) for t in result.ring_transfers}
+    assert pairs == {("/GPU:0", "/GPU:1"), ("/GPU:1", "/GPU:0")}
+    # Small gradients: one fused buffer, two halves each way, from the first gradient's
+    # all-reduce start to the last one's end.
+    fused = [t for t in result.ring_transfers if t.task.startswith("fused(")]
+    assert len(fused) == 4
+    assert fused[0].start == min(s for s, _ in reduced.values())
+    assert fused[0].end == max(e for _, e in reduced.values())
+    assert simulate(graph, cluster, baselines.single_device(graph, cluster)).ring_transfers == []

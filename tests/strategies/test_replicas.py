@@ -1,0 +1,193 @@
+"""Data-parallel plans inside fit: a copy of the weights per device, the ring all-reduce, the
+same losses and metrics as one device, and the cases that keep to one replica."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasflow
+from kerasflow import KerasflowError
+from kerasflow.planner import DataParallel, Plan, ticktock
+from kerasflow.strategies.options import Options
+from kerasflow.strategies.replicas import ring_all_reduce
+
+DEVICES = ["/CPU:0", "/CPU:1", "/CPU:2"]
+BATCH = 24
+
+
+def classifier():
+    """A small classifier, as the Keras tutorials write one."""
+    model = keras.Sequential([
+        keras.Input((12,)),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(16, activation="relu"),
+        keras.layers.Dense(3),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return model
+
+
+def dataset(samples=250):
+    """250 samples in batches of 24: the last batch has 10."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(samples, 12)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64") + (x[:, 1] > 0.5).astype("int64")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+
+
+def history_under(strategy, epochs=3, callbacks=()):
+    keras.utils.set_random_seed(5)
+    with strategy.scope():
+        model = classifier()
+    history = model.fit(dataset(), epochs=epochs, verbose=0, callbacks=list(callbacks))
+    return model, history.history
+
+
+def data_parallel_plan(devices=DEVICES):
+    return Plan(data_parallel=DataParallel(tuple(devices)), batch_size=BATCH, algorithm="data_parallel")
+
+
+def test_the_ring_sums_on_every_device_and_leaves_each_sum_there():
+    parts = []
+    for i, device in enumerate(DEVICES):
+        with tf.device(device):
+            parts.append(tf.reshape(tf.range(10, dtype=tf.float32), (2, 5)) * (i + 1))  # 10 elements: 4, 3, 3
+
+    @tf.function
+    def reduce(a, b, c):
+        return ring_all_reduce([a, b, c], DEVICES)
+
+    summed = reduce(*parts)
+    expected = (np.arange(10, dtype=np.float32) * 6).reshape(2, 5)
+    for tensor in summed:
+        np.testing.assert_array_equal(tensor.numpy(), expected)
+    traced = reduce.get_concrete_function(*parts).graph.structured_outputs
+    assert [kerasflow.devices.normalize_device(t.op.inputs[0].op.device) for t in traced] == DEVICES
+    assert ring_all_reduce([None, None, None], DEVICES) == [None, None, None]
+
+
+def test_a_ring_of_unknown_length_cuts_its_chunks_when_it_runs():
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)] * 2)
+    def reduce(a, b):
+        return ring_all_reduce([a, b], DEVICES[:2])
+
+    first, second = reduce(tf.constant([1.0, 2.0, 3.0]), tf.constant([10.0, 20.0, 30.0]))
+    assert first.numpy().tolist() == second.numpy().tolist() == [11.0, 22.0, 33.0]
+
+
+def test_a_data_parallel_plan_trains_as_one_device_does_with_a_partial_last_batch():
+    _, expected = history_under(tf.distribute.OneDeviceStrategy("/CPU:0"))
+    strategy = kerasflow.FastTStrategy(devices=DEVICES, plan=data_parallel_plan(), verbose=0)
+    model, history = history_under(strategy)
+    np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history["accuracy"], expected["accuracy"], rtol=1e-5)
+    assert strategy.plan_in_force and strategy.placement_report() == []
+    # Every copy applied the same update from the same summed gradients.
+    assert strategy._driver_of().replicas.differences() == 0.0
+    # The ring ran: gradient chunks went from each device to the next one.
+    pairs = {(t.src, t.dst) for t in strategy.placement_report().transfers if t.tensor.startswith("ring")}
+    assert pairs == {("/CPU:0", "/CPU:1"), ("/CPU:1", "/CPU:2"), ("/CPU:2", "/CPU:0")}
+
+
+def test_a_learning_rate_a_callback_sets_reaches_every_copy():
+    schedule = keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate * 0.1 if epoch else rate)
+    _, expected = history_under(tf.distribute.OneDeviceStrategy("/CPU:0"), callbacks=[schedule])
+    strategy = kerasflow.FastTStrategy(devices=DEVICES, plan=data_parallel_plan(), verbose=0)
+    _, history = history_under(strategy, callbacks=[schedule])
+    np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
+    assert strategy._driver_of().replicas.differences() == 0.0
+
+
+def test_tick_tock_data_parallelism_runs_two_waves_per_replica_with_the_same_losses():
+    _, expected = history_under(tf.distribute.OneDeviceStrategy("/CPU:0"), epochs=2)
+    strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0)
+    model, _ = history_under(strategy, epochs=1)
+    plan = ticktock.tick_tock_data_parallel(strategy.profile, strategy.cluster, batch=BATCH)
+    assert plan.data_parallel is not None and plan.waves.count == 2
+    strategy.use_plan(plan)
+    history = model.fit(dataset(), epochs=1, verbose=0).history
+    np.testing.assert_allclose(history["loss"][-1], expected["loss"][-1], rtol=1e-5)
+    assert strategy.plan_in_force and strategy.placement_report() == []
+
+
+def test_the_callback_runs_a_data_parallel_plan_too():
+    _, expected = history_under(tf.distribute.OneDeviceStrategy("/CPU:0"), epochs=1)
+    keras.utils.set_random_seed(5)
+    model = classifier()
+    callback = kerasflow.callbacks.FastT(devices=DEVICES[:2], plan=data_parallel_plan(DEVICES[:2]), verbose=0)
+    history = model.fit(dataset(), epochs=1, verbose=0, callbacks=[callback]).history
+    np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
+    assert callback.plan_in_force
+
+
+def candidates_planned(strategy, build):
+    keras.utils.set_random_seed(5)
+    with strategy.scope():
+        model = build()
+    model.fit(dataset(), epochs=1, verbose=0)
+    return set(strategy._driver_of().report["candidates"])
+
+
+def test_auto_lets_the_planner_replicate_a_model_without_batch_coupled_layers():
+    assert "data_parallel" in candidates_planned(kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0), classifier)
+    off = kerasflow.FastTStrategy(devices=DEVICES[:2], replicated="off", verbose=0)
+    assert "data_parallel" not in candidates_planned(off, classifier)
+
+
+def test_auto_keeps_batch_normalization_on_one_replica_and_on_allows_it():
+    def normalized():
+        model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16), keras.layers.BatchNormalization(),
+                                  keras.layers.ReLU(), keras.layers.Dense(3)])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    auto = kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0)
+    assert "data_parallel" not in candidates_planned(auto, normalized)
+    on = kerasflow.FastTStrategy(devices=DEVICES[:2], replicated="on", verbose=0)
+    assert "data_parallel" in candidates_planned(on, normalized)
+
+
+def test_a_model_with_its_own_train_step_falls_back_with_the_reason():
+    class OwnStep(keras.Sequential):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], plan=data_parallel_plan(DEVICES[:2]), verbose=0)
+    keras.utils.set_random_seed(5)
+    with strategy.scope():
+        model = OwnStep([keras.Input((12,)), keras.layers.Dense(3)])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(dataset(), epochs=1, verbose=0).history
+    messages = [str(w.message) for w in caught if "kerasflow" in str(w.message)]
+    assert len(messages) == 1 and "its own train_step" in messages[0] and "replicated=False" in messages[0]
+    assert np.isfinite(history["loss"][0]) and not strategy.plan_in_force
+    assert "its own train_step" in strategy.placement_report().summary()
+
+
+def test_replicated_takes_auto_on_off_or_a_boolean():
+    assert Options.build(["/CPU:0"], replicated=False).replicated == "off"
+    assert Options.build(["/CPU:0"], replicated="ON").replicated == "on"
+    with pytest.raises(KerasflowError, match=r"replicated must be 'auto', 'on' or 'off'.*Received: replicated='some'"):
+        Options.build(["/CPU:0"], replicated="some")
+
+
+def test_a_tf_keras_model_falls_back_with_the_reason():
+    import tf_keras
+
+    strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], plan=data_parallel_plan(DEVICES[:2]), verbose=0)
+    tf_keras.utils.set_random_seed(5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with strategy.scope():
+            model = tf_keras.Sequential([tf_keras.Input((12,)), tf_keras.layers.Dense(3)])
+            model.compile("adam", tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            history = model.fit(dataset(), epochs=1, verbose=0).history
+    messages = [str(w.message) for w in caught if "kerasflow" in str(w.message)]
+    assert len(messages) == 1 and "only on Keras 3 models" in messages[0], messages
+    assert np.isfinite(history["loss"][0]) and not strategy.plan_in_force
