@@ -260,6 +260,15 @@ def compute_loss(model: Any, x, y, prediction, sample_weight):
     return model.compute_loss(x, y, prediction, sample_weight)
 
 
+def loss_for_gradients(model: Any, loss):
+    """The loss the gradients are taken of: Keras 3 scales it by a ``LossScaleOptimizer``'s scale
+    (its update divides the gradients by it again); tf-keras' ``apply_gradients`` does not
+    unscale, so its loss stays as it is."""
+    if flavor(model) == "keras3" and model.optimizer is not None:
+        return model.optimizer.scale_loss(loss)
+    return loss
+
+
 def finish_step(model: Any, x, y, prediction, sample_weight, loss, batch):
     """Updates the loss tracker (Keras 3; tf-keras' compute_loss already did) and returns the
     metrics ``train_step`` returns."""

@@ -250,7 +250,8 @@ class PlannedStep:
                     prediction = model(xw, training=True)
                     loss = _compat.compute_loss(model, xw, yw, prediction, sw)
                     scaled = tf.cast(loss, tf.float32) * share
-                gradients = tape.gradient(scaled, variables)
+                    for_gradients = _compat.loss_for_gradients(model, scaled)
+                gradients = tape.gradient(for_gradients, variables)
             previous_forward = tf.nest.flatten(prediction)[0]
             predictions.append(prediction)
             losses.append(scaled)
