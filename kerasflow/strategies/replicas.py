@@ -94,9 +94,10 @@ class Replicas:
                 variable._value = own
 
     def trainable(self, replica: int) -> list[tf.Variable]:
-        """Replica ``replica``'s TensorFlow variables behind the model's trainable weights."""
-        trainable = {id(v) for v in self.model.trainable_variables}
-        return [copy for variable, copy in zip(self._variables, self._copies[replica]) if id(variable) in trainable]
+        """Replica ``replica``'s TensorFlow variables behind the model's trainable weights, in
+        ``model.trainable_variables``' order (the order of the gradients and of the update)."""
+        copy_of = {id(variable): copy for variable, copy in zip(self._variables, self._copies[replica])}
+        return [copy_of[id(variable)] for variable in self.model.trainable_variables]
 
     def apply(self, replica: int, gradients: list) -> None:
         """Replica ``replica``'s optimizer update with the summed ``gradients`` (inside ``swapped``)."""
