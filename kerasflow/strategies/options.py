@@ -106,8 +106,8 @@ class Options:
 
     Environment: ``KERASFLOW_WARMUP_STEPS``, ``KERASFLOW_PROFILE_STEPS``, ``KERASFLOW_SPLIT``,
     ``KERASFLOW_TICK_TOCK``, ``KERASFLOW_REPLICATED``, ``KERASFLOW_MEMORY_LIMIT``,
-    ``KERASFLOW_LOG_DIR``, ``KERASFLOW_VERBOSE`` — used for any argument left at None. Booleans take 1/0,
-    true/false, yes/no or on/off.
+    ``KERASFLOW_LOG_DIR``, ``KERASFLOW_VERBOSE`` — used for any argument left at None.
+    Booleans take 1/0, true/false, yes/no or on/off.
 
     Example:
         >>> Options.build(["/CPU:0", "/CPU:1"], split="off", tick_tock="on").split

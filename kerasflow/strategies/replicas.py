@@ -9,9 +9,8 @@ variables pointing at its copies (Keras 3 keeps the TensorFlow variable behind e
 variable in one attribute), so every op it makes reads and writes its own device's copy.
 The gradients are fused into buffers and each buffer is summed by a ring all-reduce
 (``planner.ring``) built from TensorFlow ops: each chunk is summed once and then copied around
-the ring, so every copy gets the same sum,
-applies the same update and stays equal to the model's own variables. Keras 3 only: tf-keras
-variables cannot be repointed.
+the ring, so every copy gets the same sum, applies the same update and stays equal to the
+model's own variables. Keras 3 only: tf-keras variables cannot be repointed.
 """
 
 from __future__ import annotations
@@ -137,8 +136,8 @@ def ring_all_reduce(tensors: list, devices: list[str]) -> list:
         return [None] * len(tensors)
     count = len(devices)
     shape = tf.shape(tensors[0])
-    chunks = ring_chunks(tensors[0].shape.num_elements() or 0, count) if tensors[0].shape.is_fully_defined() \
-        else None
+    static = tensors[0].shape.is_fully_defined()
+    chunks = ring_chunks(tensors[0].shape.num_elements(), count) if static else None
     held = []
     with tf.name_scope(RING_SCOPE):
         for tensor, device in zip(tensors, devices):

@@ -240,8 +240,7 @@ class PlannedStep:
             # The waves' own bookkeeping (slices, shares, sums) under one scope of its own, so
             # it shifts none of the names the profiled step's ops have (the plan names them).
             with tf.name_scope(WAVES_SCOPE):
-                xw, yw = _slice(x, start, part, size), _slice(y, start, part, size)
-                sw = _slice(sample_weight, start, part, size) if sample_weight is not None else None
+                xw, yw, sw = _slice((x, y, sample_weight), start, part, size)
                 share = tf.cast(part, tf.float32) / tf.cast(whole, tf.float32)
             barrier = [previous_forward] if previous_forward is not None and waves.offset == "forward" else []
             scope = tf.name_scope(wave_scope(w)) if count > 1 else contextlib.nullcontext()
@@ -274,8 +273,7 @@ class PlannedStep:
         for r, (device, size) in enumerate(zip(devices, sizes)):
             with tf.device(device), tf.name_scope(replica_scope(r)), replicas.swapped(r):
                 with tf.name_scope(WAVES_SCOPE):
-                    xr, yr = _slice(x, start, size, batch), _slice(y, start, size, batch)
-                    sr = _slice(sample_weight, start, size, batch) if sample_weight is not None else None
+                    xr, yr, sr = _slice((x, y, sample_weight), start, size, batch)
                 variables = model.trainable_weights if r == 0 else replicas.trainable(r)
                 per_replica.append((xr, yr, sr, size) + self._micro_batches(xr, yr, sr, size, batch, variables))
             start = start + size
