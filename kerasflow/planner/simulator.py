@@ -21,7 +21,7 @@ from .cluster import Cluster
 from .errors import SimulationError
 from .graph import OpGraph
 from .plan import Plan
-from .ring import fusion_buffers, gather_transfers, ring_transfers
+from .ring import gather_transfers, ring_transfers
 from .taskgraph import TaskGraph, build_task_graph
 from .tasknames import replica_template
 
@@ -377,25 +377,21 @@ def _result(tg: TaskGraph, start, end, transfers, memory: bool) -> SimulationRes
 
 
 def _ring_transfers(tg: TaskGraph, start, end) -> list[Transfer]:
-    """The chunks the ring sends: each sparse gradient's rows gathered; the dense gradients fused
-    into buffers, each buffer once around the ring (timed from its first gradient's all-reduce
-    start to its last one's end); any other all-reduced value on its own."""
+    """The chunks the ring sends: each sparse gradient's rows gathered; each buffer of fused
+    dense gradients, and any other all-reduced value, once around the ring."""
     if not tg.ring_devices:
         return []
-    gradients = tg.gradient_allreduces
-    groups = [[gradients[i] for i in buffer] for buffer in fusion_buffers([tg.out_sizes[t][0] for t in gradients])]
-    fused = set(gradients)
-    groups += [[t] for t in range(len(tg)) if tg.role[t] == "allreduce" and t not in fused
-               and t not in tg.gathered_allreduces]
-    transfers = [Transfer(tg.names[t], 0, src, dst, start[t], end[t], nbytes)
-                 for t, piece in tg.gathered_allreduces.items()
-                 for src, dst, nbytes in gather_transfers(tg.ring_devices, piece)]
-    for group in groups:
-        name = tg.names[group[0]] if len(group) == 1 else f"fused({len(group)} gradients, first {tg.names[group[0]]})"
-        nbytes = sum(tg.out_sizes[t][0] for t in group)
-        begin, finish = min(start[t] for t in group), max(end[t] for t in group)
-        transfers.extend(Transfer(name, 0, src, dst, begin, finish, chunk)
-                         for src, dst, chunk in ring_transfers(tg.ring_devices, nbytes))
+    transfers = []
+    for t in range(len(tg)):
+        if tg.role[t] != "allreduce":
+            continue
+        if t in tg.gathered_allreduces:
+            sends = gather_transfers(tg.ring_devices, tg.gathered_allreduces[t])
+        else:
+            sends = ring_transfers(tg.ring_devices, tg.out_sizes[t][0])
+        fused = tg.gradient_allreduces.get(t, 1)
+        name = tg.names[t] if fused == 1 else f"fused({fused} gradients, first {tg.names[t]})"
+        transfers.extend(Transfer(name, 0, src, dst, start[t], end[t], nbytes) for src, dst, nbytes in sends)
     return transfers
 
 

@@ -2,8 +2,9 @@
 
 A plan's splits, waves and replicas turn one op into several copies, and add the work
 they cost: ``split`` copies of a tensor into shards, ``concat``/``sum`` of shard outputs
-(activations are concatenated, gradients summed), a ring ``allreduce`` per gradient for
-data parallelism, and a ``barrier`` that holds a wave's forward pass until the previous
+(activations are concatenated, gradients summed), a ring ``allreduce`` per fused buffer of
+gradients for data parallelism (it starts when the buffer's last gradient is ready, as the
+runtime's does), and a ``barrier`` that holds a wave's forward pass until the previous
 wave's forward pass is done. Everything here is plain lists indexed by task id, because
 the simulator's inner loop reads them millions of times.
 """
@@ -17,7 +18,7 @@ from .graph import Affine, OpGraph
 from .graphtables import durations, static_tables
 from .plan import Plan
 from .planchecks import attach_orders, resolve_plan
-from .ring import FUSION_BUFFER_BYTES
+from .ring import FUSION_BUFFER_BYTES, fusion_buffers
 from .tasknames import auxiliary_name, barrier_name, copy_name
 
 __all__ = ["TaskGraph", "build_task_graph", "AUXILIARY_ROLES"]
@@ -53,8 +54,9 @@ class TaskGraph:
         mirrors, replica_home: with data parallelism over identical devices only replica 0
             is simulated (on ``replica_home``); ``mirrors`` are the other replicas' devices.
         ring_devices: the all-reduce ring's devices, in ring order (empty without data parallelism).
-        gradient_allreduces: the all-reduce tasks of weight gradients (the runtime fuses them into
-            buffers); the others reduce forward values (a loss, a metric), or gather.
+        gradient_allreduces: all-reduce task of a buffer of weight gradients -> how many
+            gradients it fuses (``ring.fusion_buffers``); the other all-reduces reduce forward
+            values (a loss, a metric), or gather.
         gathered_allreduces: all-reduce task -> the bytes of each replica's rows, for sparse
             gradients (an embedding's), which the ring gathers instead of summing.
         memory_tables, shared: tables the simulator's memory pass builds once, and the
@@ -84,7 +86,7 @@ class TaskGraph:
         self.mirrors: list[int] = []
         self.replica_home = -1
         self.ring_devices: list[str] = []
-        self.gradient_allreduces: list[int] = []
+        self.gradient_allreduces: dict[int, int] = {}
         self.gathered_allreduces: dict[int, float] = {}
 
     def __len__(self) -> int:
@@ -259,11 +261,13 @@ class _Builder:
         self.combines: dict[tuple, int] = {}
         self.splitters: dict[tuple, int] = {}
         self.allreduces: dict[tuple[int, int], int] = {}
+        self.reductions: dict[tuple[int, int], tuple[Affine, list[int]]] = {}
         for p, outs in enumerate(graph._structure.outputs):
             for k, consumers in outs:
                 for c in consumers:
                     for r in range(len(replicas)):
                         self._connect(p, k, c, r, dp)
+        self._build_allreduces()
         if self.plan.waves is not None and self.plan.waves.offset == "forward" and self.wave_count > 1:
             self._barriers(len(replicas))
 
@@ -372,41 +376,84 @@ class _Builder:
         return combine
 
     def _allreduce(self, p: int, k: int, out: Affine, target: int, gather: bool = False) -> None:
-        """The ring's sum of a gradient (or, ``gather``, the ring passing every replica's rows of
-        a sparse gradient to every other: D - 1 steps of one piece per link), fed by each
-        replica's copies and feeding ``target``."""
+        """The ring's reduction of output ``k`` of the batch op ``p`` for ``target``: noted here,
+        built by ``_build_allreduces`` once every target is known; with ``gather``, the ring
+        passing every replica's rows of a sparse gradient to every other (D - 1 steps of one
+        piece per link), built now."""
+        if not gather:
+            self.reductions.setdefault((p, k), (out, []))[1].append(target)
+            return
         tg = self.tg
         ar = self.allreduces.get((p, k))
         if ar is None:
             replicas, link = self.ring_size, self.ring_link
-            if gather:
-                piece = out.at(self.batch / replicas)
-                gradient = piece * replicas
-                seconds = 0.0 if link is None else (replicas - 1) * (link.latency + piece / link.bandwidth)
-            else:
-                gradient = out.at(self.batch)
-                # Each of the ring's 2(D-1) steps pays the link's latency once per fused buffer
-                # (see FUSION_BUFFER_BYTES): a gradient pays its share of that buffer's latency.
-                seconds = 0.0 if link is None else 2 * (replicas - 1) * (
-                    link.latency * gradient / FUSION_BUFFER_BYTES + gradient / (replicas * link.bandwidth))
+            piece = out.at(self.batch / replicas)
+            seconds = 0.0 if link is None else (replicas - 1) * (link.latency + piece / link.bandwidth)
             ar = tg.add(auxiliary_name(self.graph.ops[p].name, k, "allreduce"), -1, "allreduce", tg.ring, seconds,
-                        (gradient,), 0.0, 0.0, self.rank[p] + 0.5)
+                        (piece * replicas,), 0.0, 0.0, self.rank[p] + 0.5)
             self.allreduces[(p, k)] = ar
-            if gather:
-                tg.gathered_allreduces[ar] = piece
-            elif self.graph.ops[p].phase == "backward" and self.graph.ops[p].type not in _NOT_GRADIENTS:
-                tg.gradient_allreduces.append(ar)
-            for r, per_replica in enumerate(self.copies):
-                # A replica first sums its waves' gradients locally (gradient accumulation),
-                # then the ring reduces one tensor per replica.
-                sources = [task for per_wave in per_replica[p] for task in per_wave]
-                if len(sources) > 1:
-                    local = self._many_to_one(sources, k, out, None, (p, k, r),
-                                              resource=self.tg.resource[sources[0][0]])
-                    self._edge(local, 0, 0.0, ar)
-                else:
-                    self._edge(sources[0][0], k, 0.0, ar)
+            tg.gathered_allreduces[ar] = piece
+            self._reduce_into(p, k, out, ar)
         self._edge(ar, 0, 0.0, target)
+
+    def _build_allreduces(self) -> None:
+        """The ring's sums. A weight's gradient (a backward value only updates read) is fused with
+        the others into buffers as the runtime fuses them (``ring.fusion_buffers``): a buffer's
+        all-reduce waits for every one of its gradients on every replica, and their updates wait
+        for it, so it overlaps only the backward work left after its last gradient. Any other
+        value (a loss, a batch statistic, a part of a gradient that later ops still combine) is
+        summed alone, priced at its share of one buffer's latency, as such small values are
+        packed together."""
+        ops, base = self.graph.ops, self.tg.base
+        gradients, others = [], []
+        for key, (out, targets) in self.reductions.items():
+            op = ops[key[0]]
+            is_gradient = (op.phase == "backward" and op.type not in _NOT_GRADIENTS
+                           and all(ops[base[t]].phase == "update" for t in targets))
+            (gradients if is_gradient else others).append(key)
+        sizes = [self.reductions[key][0].at(self.batch) for key in gradients]
+        for buffer in fusion_buffers(sizes):
+            total = sum(sizes[i] for i in buffer)
+            ar = self._ring_task([gradients[i] for i in buffer], total, self._ring_seconds(total))
+            self.tg.gradient_allreduces[ar] = len(buffer)
+        for key in others:
+            size = self.reductions[key][0].at(self.batch)
+            self._ring_task([key], size, self._ring_seconds(size, latency_share=size / FUSION_BUFFER_BYTES))
+
+    def _ring_task(self, members: list[tuple[int, int]], nbytes: float, seconds: float) -> int:
+        """One all-reduce on the ring of the outputs ``members`` (``(op, output)`` pairs), fed by
+        every replica's copies of each and feeding each one's targets."""
+        tg = self.tg
+        p, k = members[0]
+        ar = tg.add(auxiliary_name(self.graph.ops[p].name, k, "allreduce"), -1, "allreduce", tg.ring, seconds,
+                    (nbytes,), 0.0, 0.0, min(self.rank[q] for q, _ in members) + 0.5)
+        for q, j in members:
+            out, targets = self.reductions[(q, j)]
+            self._reduce_into(q, j, out, ar)
+            for target in targets:
+                self._edge(ar, 0, 0.0, target)
+        return ar
+
+    def _ring_seconds(self, nbytes: float, latency_share: float = 1.0) -> float:
+        """A ring all-reduce of ``nbytes``: 2 (D - 1) steps, each paying ``latency_share`` of the
+        link's latency and one chunk (1/D of the bytes)."""
+        replicas, link = self.ring_size, self.ring_link
+        if link is None:
+            return 0.0
+        return 2 * (replicas - 1) * (link.latency * latency_share + nbytes / (replicas * link.bandwidth))
+
+    def _reduce_into(self, p: int, k: int, out: Affine, ar: int) -> None:
+        """Edges from every replica's copy of output ``k`` of op ``p`` into the all-reduce ``ar``."""
+        for r, per_replica in enumerate(self.copies):
+            # A replica first sums its waves' gradients locally (gradient accumulation),
+            # then the ring reduces one tensor per replica.
+            sources = [task for per_wave in per_replica[p] for task in per_wave]
+            if len(sources) > 1:
+                local = self._many_to_one(sources, k, out, None, (p, k, r),
+                                          resource=self.tg.resource[sources[0][0]])
+                self._edge(local, 0, 0.0, ar)
+            else:
+                self._edge(sources[0][0], k, 0.0, ar)
 
     def _copy_seconds(self, resource: int, read: float, write: float) -> float:
         return self.devices[resource].copy_seconds(read, write)

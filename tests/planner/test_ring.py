@@ -4,8 +4,10 @@ import random
 
 import pytest
 
-from kerasflow.planner import Cluster, baselines, simulate, synthetic
+from kerasflow.planner import Cluster, OpGraph, baselines, simulate, synthetic
 from kerasflow.planner.ring import fusion_buffers, ring_chunks, ring_schedule, ring_transfers
+
+from .helpers import cluster, op
 
 
 def test_three_devices_send_each_chunk_around_the_ring_as_worked_out_by_hand():
@@ -67,13 +69,34 @@ def test_the_simulated_ring_sends_the_fused_gradients_around_the_data_parallel_d
     result = simulate(graph, cluster, baselines.data_parallel(graph, cluster))
     reduced = {name: (start, end) for name, role, start, end in
                zip(result.task_names, result.task_role, result.task_start, result.task_end) if role == "allreduce"}
-    assert len(reduced) >= 2
     pairs = {(t.src, t.dst) for t in result.ring_transfers}
     assert pairs == {("/GPU:0", "/GPU:1"), ("/GPU:1", "/GPU:0")}
-    # Small gradients: one fused buffer, two halves each way, from the first gradient's
-    # all-reduce start to the last one's end.
-    fused = [t for t in result.ring_transfers if t.task.startswith("fused(")]
-    assert len(fused) == 4
-    assert fused[0].start == min(s for s, _ in reduced.values())
-    assert fused[0].end == max(e for _, e in reduced.values())
+    # Small gradients: one fused buffer, one all-reduce task, two halves each way, timed by
+    # that task; it starts after the last weight gradient is ready.
+    assert len(reduced) == 1
+    (start, end), = reduced.values()
+    fused = [t for t in result.ring_transfers if t.task.startswith("fused(2 gradients")]
+    assert len(fused) == 4 == len(result.ring_transfers)
+    assert {(t.start, t.end) for t in fused} == {(start, end)}
+    times = result.times()
+    assert start >= max(e for name, (s, e) in times.items() if name.endswith(("_grad_weight@r0", "_grad_weight@r1")))
     assert simulate(graph, cluster, baselines.single_device(graph, cluster)).ring_transfers == []
+
+
+def test_only_values_that_only_updates_read_are_fused_with_the_gradients():
+    # A recurrent layer's pattern: its loop ("loop", run once per replica because it is
+    # colocated with the weight) reads a backward accumulator "acc". If "acc" were fused with
+    # the weight gradient "g", the buffer would wait for "g", "g" for "f", "f" for "loop" and
+    # "loop" for the buffer: a deadlock. "acc" is reduced alone; the buffer holds "g" only.
+    graph = OpGraph([op("w", 0.0, [400], persistent_bytes=400, colocation="w"),
+                     op("acc", 0.0, [0], phase="backward", batch_axis=0),
+                     op("loop", 1.0, [(0, 4)], colocation="w"),
+                     op("f", (0.0, 1.0), [(0, 4)], batch_axis=0),
+                     op("g", (0.0, 1.0), [400], phase="backward", batch_axis=0),
+                     op("apply", 1.0, [], phase="update", colocation="w")],
+                    [("w", "loop", 0), ("acc", "loop", 0), ("loop", "f", 0), ("f", "g", 0), ("g", "apply", 0)],
+                    batch_size=4)
+    result = simulate(graph, cluster(2), baselines.data_parallel(graph, cluster(2)))
+    reduced = sorted(name for name, role in zip(result.task_names, result.task_role) if role == "allreduce")
+    assert reduced == ["acc:0@allreduce", "g:0@allreduce"]
+    assert [t.task for t in result.ring_transfers].count("g:0@allreduce") == 2 * 2 * (2 - 1)

@@ -76,12 +76,18 @@ def test_tock_stages_run_in_reverse_device_order():
     assert devices["dense_0/ReadVariableOp"] == mp.placement["dense_0/ReadVariableOp"]
 
 
-def test_tick_tock_data_parallel_all_reduces_once_per_gradient():
+def test_tick_tock_data_parallel_all_reduces_once_after_both_waves():
+    # Two small weight gradients fuse into one buffer: one all-reduce, which starts only after
+    # both waves of both gradients on every simulated replica are done.
     graph = synthetic.chain_mlp(layers=2)
     c = Cluster.preset("4xV100-pcie")
     result = simulate(graph, c, tick_tock_data_parallel(graph, c))
-    reductions = [n for n in result.task_names if n.endswith("@allreduce")]
-    assert len(reductions) == len([o for o in graph.ops if o.phase == "update"])
+    times = result.times()
+    reductions = [n for n in times if n.endswith("@allreduce")]
+    assert len(reductions) == 1
+    waves = [n for n in times if "_grad_weight" in n and "@w" in n]
+    assert {n[-3:] for n in waves} == {"@w0", "@w1"}
+    assert times[reductions[0]][0] >= max(times[n][1] for n in waves)
     assert any(n.endswith("@r3@w1") for n in result.task_names)
 
 
