@@ -6,8 +6,9 @@ state step time:
 
 - ``default``: TensorFlow's default threading, one device (``OneDeviceStrategy("/CPU:0")``);
 - ``mirrored``: 2 logical CPUs, 1 intra-op thread each, 2 inter-op threads, ``MirroredStrategy``;
-- ``fastt``: the same 2 logical CPUs running ``FastTStrategy``'s plan (a logical CPU then
-  behaves like a device: one op at a time each, side by side);
+- ``fastt``: the same 2 logical CPUs running ``FastTStrategy``'s plan (the planner takes each
+  logical CPU for a device that runs one op at a time; they still share the process's 2
+  inter-op threads and the 2 cores, which ``cost_model_check.py`` measures);
 - ``fastt_split``: the same with op splitting on (``FastTStrategy(split=True)``).
 
 For FastT it also prints the one-time cost (profile + plan, plus the extra time of the first

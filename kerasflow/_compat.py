@@ -282,3 +282,10 @@ def can_move_variables(model: Any) -> bool:
     """Keras 3 keeps each TensorFlow variable behind one attribute, so it can be swapped;
     tf-keras variables are referenced from many places."""
     return flavor(model) == "keras3"
+
+
+def steps_per_call(model: Any) -> int:
+    """The train steps one call of the train function runs (``compile(steps_per_execution=)``):
+    an int in Keras 3, a variable in tf-keras."""
+    value = getattr(model, "steps_per_execution", None) or 1
+    return int(value.numpy()) if hasattr(value, "numpy") else int(value)

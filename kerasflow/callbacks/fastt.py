@@ -80,6 +80,18 @@ class FastT(keras.callbacks.Callback):
         """True while the plan runs (False before it is applied and after a fallback)."""
         return self.driver.in_force
 
+    @property
+    def report(self) -> dict:
+        """What planning did, as ``FastTStrategy.report`` says (``algorithm``,
+        ``predicted_step_time``, ``summary``, then ``measured_step_time`` and ``measured_summary``);
+        empty before planning."""
+        return dict(self.driver.report)
+
+    @property
+    def profile(self):
+        """The profiled ``OpGraph``, as ``FastTStrategy.profile`` (None until profiled)."""
+        return self.driver.graph
+
     def placement_report(self):
         """Ops that did not land where planned, read back after the rebuild, as a
         ``PlacementReport`` (``in_force``, ``fallback``); None before a plan was applied."""

@@ -398,27 +398,48 @@ class _Builder:
 
     def _build_allreduces(self) -> None:
         """The ring's sums. A weight's gradient (a backward value only updates read) is fused with
-        the others into buffers as the runtime fuses them (``ring.fusion_buffers``): a buffer's
-        all-reduce waits for every one of its gradients on every replica, and their updates wait
-        for it, so it overlaps only the backward work left after its last gradient. Any other
-        value (a loss, a batch statistic, a part of a gradient that later ops still combine) is
-        summed alone, priced at its share of one buffer's latency, as such small values are
-        packed together."""
+        the others of its update round into buffers as the runtime fuses them
+        (``ring.fusion_buffers``): a buffer's all-reduce waits for every one of its gradients on
+        every replica, and their updates wait for it, so it overlaps only the backward work left
+        after its last gradient. Any other value (a loss, a batch statistic, a part of a gradient
+        that later ops still combine) is summed alone, priced at its share of one buffer's
+        latency, as such small values are packed together."""
+        if not self.reductions:
+            return
         ops, base = self.graph.ops, self.tg.base
-        gradients, others = [], []
+        rounds = self._update_rounds()
+        gradients: dict[int, list[tuple[int, int]]] = {}
+        others = []
         for key, (out, targets) in self.reductions.items():
             op = ops[key[0]]
-            is_gradient = (op.phase == "backward" and op.type not in _NOT_GRADIENTS
-                           and all(ops[base[t]].phase == "update" for t in targets))
-            (gradients if is_gradient else others).append(key)
-        sizes = [self.reductions[key][0].at(self.batch) for key in gradients]
-        for buffer in fusion_buffers(sizes):
-            total = sum(sizes[i] for i in buffer)
-            ar = self._ring_task([gradients[i] for i in buffer], total, self._ring_seconds(total))
-            self.tg.gradient_allreduces[ar] = len(buffer)
+            if (op.phase == "backward" and op.type not in _NOT_GRADIENTS
+                    and all(ops[base[t]].phase == "update" for t in targets)):
+                gradients.setdefault(rounds[key[0]], []).append(key)
+            else:
+                others.append(key)
+        for keys in gradients.values():
+            sizes = [self.reductions[key][0].at(self.batch) for key in keys]
+            for buffer in fusion_buffers(sizes):
+                total = sum(sizes[i] for i in buffer)
+                ar = self._ring_task([keys[i] for i in buffer], total, self._ring_seconds(total))
+                self.tg.gradient_allreduces[ar] = len(buffer)
         for key in others:
             size = self.reductions[key][0].at(self.batch)
             self._ring_task([key], size, self._ring_seconds(size, latency_share=size / FUSION_BUFFER_BYTES))
+
+    def _update_rounds(self) -> list[int]:
+        """Per op, how many optimizer updates run one after another before it. A step with one
+        ``apply`` has one round of gradients; a GAN's generator gradients come after the
+        discriminator's update. Gradients are fused only within a round: a buffer holding both
+        would wait for a gradient that waits for its own update."""
+        structure, ops = self.graph._structure, self.graph.ops
+        rounds = structure.cache.get("update_rounds")
+        if rounds is None:
+            rounds = [0] * len(ops)
+            for i in structure.topo:
+                rounds[i] = max((rounds[p] + (ops[p].phase == "update") for p in structure.preds[i]), default=0)
+            structure.cache["update_rounds"] = rounds
+        return rounds
 
     def _ring_task(self, members: list[tuple[int, int]], nbytes: float, seconds: float) -> int:
         """One all-reduce on the ring of the outputs ``members`` (``(op, output)`` pairs), fed by

@@ -200,12 +200,12 @@ class Driver:
             elif self.plan is None and self.step == self._window()[1]:
                 self._plan_and_rebuild()
             elif self.state == "planned" and self._measured is not None:
-                stage = "writing TensorBoard scalars"
+                stage = "timing the planned step"
                 self._measure_planned_step()
         except InvalidPlanError:
             raise
         except Exception as error:  # noqa: BLE001 - never lose the user's training
-            if stage == "writing TensorBoard scalars":
+            if stage == "timing the planned step":
                 self._measured = None  # an optional output: it never undoes the plan
                 self.reporter.warn(f"kerasflow: {stage} failed ({_describe(error)}); the plan stays in force.")
             else:
@@ -242,7 +242,7 @@ class Driver:
         batch = self._profiling_batch()
         say = self.reporter.say
         # With several steps per call, a profiled "step" holds several train steps.
-        in_fit = times if getattr(self.model, "steps_per_execution", 1) in (1, None) else None
+        in_fit = times if _compat.steps_per_call(self.model) == 1 else None
         with self._unplanned():
             self.graph = profile_training_step(
                 self.model, batch, device=self.options.devices[0], warmup_steps=1,
@@ -318,22 +318,26 @@ class Driver:
         self._install()
         self.rebuild()
         self._read_back = True
-        self._measured = [] if self.options.log_dir else None
+        self._measured = []
 
     _MEASURED_STEPS = 5
 
     def _measure_planned_step(self) -> None:
-        """Times planned steps (the first one, which retraces, is left out) and then writes the
-        TensorBoard scalars once."""
+        """Times planned steps (the first one, which retraces, is left out), then says once what
+        a step measured against the prediction and writes the TensorBoard scalars."""
         if self._read_back or self.step <= self._window()[1] + 1:
             return
-        self._measured.append(time.perf_counter() - self._step_started)
+        self._measured.append((time.perf_counter() - self._step_started) / _compat.steps_per_call(self.model))
         if len(self._measured) < self._MEASURED_STEPS:
             return
         measured = float(np.median(self._measured))
         self._measured = None
         self.report["measured_step_time"] = measured
-        self.reporter.write_scalars(self.options.log_dir, self.step, self.plan, self.graph, self.cluster(), measured)
+        profiled = self.graph.metadata.get("plain_step_seconds") if self.graph is not None else None
+        self.report["measured_summary"] = self.reporter.measured(self.plan, measured, profiled)
+        if self.options.log_dir:
+            self.reporter.write_scalars(self.options.log_dir, self.step, self.plan, self.graph, self.cluster(),
+                                        measured)
 
     def rebuild(self) -> None:
         """Retraces the train function with the plan, every call of it guarded."""

@@ -220,7 +220,10 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
     def report(self) -> dict:
         """What planning did for the model trained last: ``plan_seconds`` (profile + plan +
         rebuild), ``algorithm``, ``predicted_step_time``, ``candidates``, ``summary`` (the
-        printed line) and, with ``log_dir``, ``measured_step_time``; empty before planning."""
+        printed line) and, once the plan has run 5 steps after its first, ``measured_step_time``
+        (their median, seconds per train step) and ``measured_summary`` (the printed line: measured
+        against predicted and against the default placement's profiled step); empty before
+        planning."""
         driver = self._driver_of()
         return dict(driver.report) if driver is not None else {}
 

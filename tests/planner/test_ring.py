@@ -100,3 +100,25 @@ def test_only_values_that_only_updates_read_are_fused_with_the_gradients():
     reduced = sorted(name for name, role in zip(result.task_names, result.task_role) if role == "allreduce")
     assert reduced == ["acc:0@allreduce", "g:0@allreduce"]
     assert [t.task for t in result.ring_transfers].count("g:0@allreduce") == 2 * 2 * (2 - 1)
+
+
+def test_gradients_after_another_update_get_buffers_of_their_own():
+    # A GAN's step: the discriminator's gradient "gd" updates "d" ("apply_d"); the generator's
+    # loss "f" then reads the updated "d", and its gradient "gg" updates "g". One buffer of both
+    # gradients would wait for "gg", which waits for "apply_d", which waits for the buffer: each
+    # update round gets its own buffer, and the second starts after the first's update.
+    graph = OpGraph([op("d", 0.0, [400], persistent_bytes=400, colocation="d"),
+                     op("g", 0.0, [400], persistent_bytes=400, colocation="g"),
+                     op("x", (0.0, 1.0), [(0, 4)], batch_axis=0),
+                     op("gd", (0.0, 1.0), [400], phase="backward", batch_axis=0),
+                     op("apply_d", 1.0, [], phase="update", colocation="d"),
+                     op("f", (0.0, 1.0), [(0, 4)], batch_axis=0),
+                     op("gg", (0.0, 1.0), [400], phase="backward", batch_axis=0),
+                     op("apply_g", 1.0, [], phase="update", colocation="g")],
+                    [("d", "x", 0), ("x", "gd", 0), ("gd", "apply_d", 0), ("apply_d", "f", None), ("g", "f", 0),
+                     ("f", "gg", 0), ("gg", "apply_g", 0)],
+                    batch_size=4)
+    result = simulate(graph, cluster(2), baselines.data_parallel(graph, cluster(2)))
+    times = result.times()
+    assert sorted(name for name in times if name.endswith("@allreduce")) == ["gd:0@allreduce", "gg:0@allreduce"]
+    assert times["gg:0@allreduce"][0] >= times["apply_d@r0"][1]

@@ -1,6 +1,7 @@
 """The driver's promises on 4 logical CPUs: each model its own plan, no optional package undoes a
 plan, no failure ends fit, every optimizer keeps its state, and verbose=0 is silent."""
 
+import types
 import warnings
 
 import keras
@@ -222,3 +223,37 @@ def test_random_and_batch_coupled_layers_are_never_split():
         assert not is_splittable(layer), type(layer).__name__
     assert is_splittable(keras.layers.Dense(2))
     assert is_splittable(keras.layers.LayerNormalization())
+
+
+def test_the_measured_step_is_said_once_beside_the_prediction_and_the_default_placement(capsys):
+    x, y = mlp_data()
+    keras.utils.set_random_seed(7)
+    model = models.mlp(keras, dropout=False)
+    callback = kerasflow.callbacks.FastT()
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=2, callbacks=[callback])
+    said = [line for line in capsys.readouterr().out.splitlines() if "the plan measured" in line]
+    report = callback.report
+    assert said == [report["measured_summary"]]
+    measured, predicted = report["measured_step_time"], report["predicted_step_time"]
+    profiled = callback.profile.metadata["plain_step_seconds"]
+    assert 0 < measured < 5 and 0 < profiled < 5
+    assert f"the plan measured {measured * 1e3:.2f} ms a step (predicted {predicted * 1e3:.2f} ms" in said[0]
+    assert said[0].endswith(f"the default placement measured {profiled * 1e3:.2f} ms when profiled: "
+                            f"{profiled / measured:.2f}x")
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
+def test_the_measured_step_is_per_train_step(monkeypatch, steps_per_execution):
+    # A clock that moves 0.1 s at every reading: each call of the train function lasts 0.1 s,
+    # so a train step lasts 0.1 s / steps_per_execution.
+    readings = iter(range(10**6))
+    monkeypatch.setattr(driver_module, "time", types.SimpleNamespace(perf_counter=lambda: 0.1 * next(readings)))
+    x, y = mlp_data()
+    keras.utils.set_random_seed(7)
+    model = models.mlp(keras, dropout=False)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=steps_per_execution)
+    callback = kerasflow.callbacks.FastT(verbose=0)
+    model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False, callbacks=[callback])
+    assert callback.plan_in_force
+    assert callback.report["measured_step_time"] == pytest.approx(0.1 / steps_per_execution)
