@@ -70,11 +70,15 @@ class Reporter:
             >>> from kerasflow.planner import Plan
             >>> Reporter(verbose=0).measured(Plan(predicted_step_time=0.010), 0.012, 0.011)
             'kerasflow: the plan measured 12.00 ms a step (predicted 10.00 ms: 20% slower than predicted); the default placement measured 11.00 ms when profiled: 0.92x'
+            >>> Reporter(verbose=0).measured(Plan(), 0.012, None)
+            'kerasflow: the plan measured 12.00 ms a step'
         """
-        error = (measured - plan.predicted_step_time) / plan.predicted_step_time
-        line = (f"kerasflow: the plan measured {measured * 1e3:.2f} ms a step (predicted "
-                f"{plan.predicted_step_time * 1e3:.2f} ms: {abs(error):.0%} {'slower' if error >= 0 else 'faster'} "
-                "than predicted)")
+        line = f"kerasflow: the plan measured {measured * 1e3:.2f} ms a step"
+        predicted = plan.predicted_step_time
+        if predicted:  # a hand-made plan given with plan= has no prediction
+            error = (measured - predicted) / predicted
+            line += (f" (predicted {predicted * 1e3:.2f} ms: {abs(error):.0%} "
+                     f"{'slower' if error >= 0 else 'faster'} than predicted)")
         if default:
             line += f"; the default placement measured {default * 1e3:.2f} ms when profiled: {default / measured:.2f}x"
         self.say(line)
