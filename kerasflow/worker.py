@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 __all__ = ["main", "server_for", "free_ports", "local_cluster", "serve_until_stopped"]
 
@@ -175,21 +175,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     task = config["task"]
     print(f"kerasflow.worker: warning: {exposure_warning(server.target)}", file=sys.stderr, flush=True)
-    print(f"kerasflow.worker: {task['type']}:{task.get('index', 0)} serving on {server.target}", flush=True)
-    serve_until_stopped()
+    serving = f"kerasflow.worker: {task['type']}:{task.get('index', 0)} serving on {server.target}"
+    serve_until_stopped(announce=lambda: print(serving, flush=True))
     print("kerasflow.worker: stopped", flush=True)
     return 0
 
 
-def serve_until_stopped(poll_seconds: float = 0.2) -> None:
+def serve_until_stopped(announce: Callable[[], None] = lambda: None, poll_seconds: float = 0.2) -> None:
     """Blocks until SIGTERM or Ctrl-C (SIGINT) arrives; the server stops with the process.
 
     ``tf.distribute.Server.join()`` blocks in native code, where Python's signal handlers never
-    run, so this waits in Python instead.
+    run, so this waits in Python instead. ``announce`` runs once the handlers are in place: a
+    launcher that stops the worker as soon as it says it serves must find them there (before,
+    a SIGTERM right after "serving on" killed the worker with the default handler).
+
+    Example:
+        >>> serve_until_stopped(announce=lambda: print("serving"))  # doctest: +SKIP
     """
     stop = threading.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
+    announce()
     while not stop.wait(poll_seconds):
         pass
 

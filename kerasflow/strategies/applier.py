@@ -11,7 +11,8 @@ simulator's split and concat tasks run. An op left without a device
 whose consumers share one runs there (the sum of a split layer's weight gradients, created by
 autodiff, runs where the update does, as simulated).
 Each device's order is enforced with control edges, unless that would close a
-cycle (then the order is skipped, and ``placement_report()`` says so).
+cycle (then the order is skipped, and ``placement_report()`` says so); ops Grappler folds into
+constants are left out of it.
 """
 
 from __future__ import annotations
@@ -236,6 +237,7 @@ class PlanApplier:
         keyed: dict[tuple[str, int, int], tf.Operation] = {}
         for op in ops:
             keyed.setdefault(split_name(op.name), op)
+        folded = _folded_before_running(ops)
         chains = []
         for names in self.plan.order.values():
             sequence = []
@@ -244,7 +246,11 @@ class PlanApplier:
                 op = keyed.get((base, wave, shard))
                 # Stateful ops are ordered by tf.function itself (automatic control
                 # dependencies in program order); chaining them too could close a cycle.
-                if op is not None and op.type != "Placeholder" and not _stateful(op):
+                # Ops Grappler folds into constants cost nothing to order, and a constant with
+                # control inputs is folded otherwise: MobileNetV2's planned step rounded
+                # differently from plain Keras (bit-identical without them) and an output
+                # Identity left its planned device.
+                if op is not None and op.type != "Placeholder" and not _stateful(op) and id(op) not in folded:
                     sequence.append(op)
             chains.extend(zip(sequence, sequence[1:]))
         if not chains:
@@ -277,6 +283,27 @@ def _static_bytes(tensor: tf.Tensor) -> float | None:
     if shape.rank is None or not shape.is_fully_defined() or tensor.dtype in (tf.resource, tf.string, tf.variant):
         return None  # a handle, or elements of no fixed size
     return float(shape.num_elements() * tensor.dtype.size)
+
+
+_SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+
+def _folded_before_running(ops: list[tf.Operation]) -> set[int]:
+    """The ids of ``ops`` that Grappler's constant folding computes before the step runs.
+
+    Constants, the shape of a tensor whose shape is static, and stateless ops that read only
+    such values. (``ops`` are in creation order, so an op's inputs come before it.)
+    """
+    folded: set[int] = set()
+    for op in ops:
+        if op.type == "Const":
+            folded.add(id(op))
+        elif op.type in _SHAPE_OPS:
+            if all(t.shape.is_fully_defined() for t in op.inputs):
+                folded.add(id(op))
+        elif op.inputs and not _stateful(op) and all(id(t.op) in folded for t in op.inputs):
+            folded.add(id(op))
+    return folded
 
 
 def _stateful(op: tf.Operation) -> bool:

@@ -414,6 +414,10 @@ def flat_data():
 
 
 # 10. keras.applications MobileNetV2 (BatchNormalization throughout), untrained, SGD.
+# Its training on noise is chaotic: weights perturbed by 1e-7 (relative) change plain Keras'
+# first-epoch loss by 3.5e-4 after six steps, so a plan that only rounds differently (an op
+# fusion a device boundary prevents) fails a 1e-5 check of later losses. Five batches: two
+# warm-up steps, one profiled, and two planned (the second's loss shows the first's update).
 def mobilenet_v2():
     model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10)
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
@@ -422,7 +426,7 @@ def mobilenet_v2():
 
 def small_images():
     rng = _rng()
-    return rng.random((96, 32, 32, 3), dtype=np.float32), rng.integers(0, 10, 96)
+    return rng.random((80, 32, 32, 3), dtype=np.float32), rng.integers(0, 10, 80)
 
 
 # 11. A GRU over padded sequences of unknown length (padded_batch), masking.

@@ -50,16 +50,44 @@ def test_shard_and_wave_copies_take_their_shard_device_and_wave_stage():
     assert ops[0].name == "wave1/dense/shard1/a" and ops[0].device == "/CPU:0"
 
 
+def two_branches(extra=lambda p: None):
+    """``x = p^2`` and ``y = sqrt(p)`` of a placeholder ``p`` of shape [2] (plus ``extra(p)``)."""
+    def build():
+        p = tf.compat.v1.placeholder(tf.float32, shape=[2], name="p")
+        tf.math.square(p, name="x")
+        tf.math.sqrt(p, name="y")
+        extra(p)
+    return {op.name: op for op in traced(build)}
+
+
 def test_the_per_device_order_becomes_control_edges():
-    ops = traced(lambda: [tf.constant(1.0, name="x"), tf.constant(2.0, name="y")])
+    ops = two_branches()
     plan = Plan(placement={"x": "/CPU:0", "y": "/CPU:0"}, order={"/CPU:0": ["y", "x"]})
-    report = PlanApplier(plan, None, ["/CPU:0"]).apply(ops, {})
-    x, y = ops
-    assert [op.name for op in x.control_inputs] == ["y"] and report.ordered_edges == 1
+    report = PlanApplier(plan, None, ["/CPU:0"]).apply(list(ops.values()), {})
+    assert [op.name for op in ops["x"].control_inputs] == ["y"] and report.ordered_edges == 1
+
+
+def test_ops_folded_into_constants_are_left_out_of_the_order():
+    # Grappler computes these before the step runs; a constant with control inputs is folded
+    # otherwise (a HEFT plan's order made MobileNetV2's step round differently from plain
+    # Keras). The order goes around them.
+    def folded(p):
+        k = tf.constant(2.0, name="k")
+        tf.math.multiply(k, tf.cast(tf.size(p, name="n"), tf.float32, name="n_float"), name="kn")
+    ops = two_branches(folded)
+    order = ["y", "k", "n", "n_float", "kn", "x"]
+    plan = Plan(placement={name: "/CPU:0" for name in order}, order={"/CPU:0": order})
+    report = PlanApplier(plan, None, ["/CPU:0"]).apply(list(ops.values()), {})
+    assert [op.name for op in ops["x"].control_inputs] == ["y"] and report.ordered_edges == 1
+    assert all(not ops[name].control_inputs for name in ("k", "n", "n_float", "kn"))
 
 
 def test_an_order_against_the_data_flow_is_skipped_and_reported():
-    ops = traced(chain)
+    def chain_of_an_input():
+        p = tf.compat.v1.placeholder(tf.float32, name="dense/p")
+        b = tf.math.square(tf.math.abs(p, name="dense/a"), name="dense/b")
+        tf.math.sqrt(b, name="dense/c")
+    ops = [op for op in traced(chain_of_an_input) if op.type != "Placeholder"]
     plan = Plan(placement={n: "/CPU:0" for n in ("dense/a", "dense/b", "dense/c")},
                 order={"/CPU:0": ["dense/c", "dense/b", "dense/a"]})
     applier = PlanApplier(plan, profile(["dense/a", "dense/b", "dense/c"]), ["/CPU:0"])
