@@ -1,6 +1,6 @@
 """Measured training on this machine's CPU: FastTStrategy on 2 logical CPUs against the usual setups.
 
-Three setups, each in its own process (TensorFlow's threading is fixed when it starts), run
+Five setups, each in its own process (TensorFlow's threading is fixed when it starts), run
 in alternation ``--rounds`` times; per setup the median over rounds of the median steady-
 state step time:
 
@@ -9,7 +9,11 @@ state step time:
 - ``fastt``: the same 2 logical CPUs running ``FastTStrategy``'s plan (the planner takes each
   logical CPU for a device that runs one op at a time; they still share the process's 2
   inter-op threads and the 2 cores, which ``cost_model_check.py`` measures);
-- ``fastt_split``: the same with op splitting on (``FastTStrategy(split=True)``).
+- ``fastt_split``: the same with op splitting on (``FastTStrategy(split=True)``);
+- ``fastt_guarded``: ``FastTStrategy()`` as ``fit`` runs it for a user: the other two keep
+  their plan whatever it measures (``drop_slower_plan=False``, to time the plan itself); this
+  one drops a plan that measured more than 5 % slower than the default placement, and its
+  later steps run on the default placement ("dropped" in the plan column).
 
 For FastT it also prints the one-time cost (profile + plan, plus the extra time of the first
 planned step, which retraces) and the planner's predicted step time against the measured one.
@@ -33,7 +37,7 @@ import sys
 from _common import format_table, machine, step_durations
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SETUPS = ("default", "mirrored", "fastt", "fastt_split")
+SETUPS = ("default", "mirrored", "fastt", "fastt_split", "fastt_guarded")
 
 
 def worker(setup: str, model_name: str, steps: int) -> dict:
@@ -53,7 +57,8 @@ def worker(setup: str, model_name: str, steps: int) -> dict:
     elif setup == "mirrored":
         strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
     else:
-        strategy = kerasflow.FastTStrategy(verbose=0, split=setup == "fastt_split")
+        strategy = kerasflow.FastTStrategy(verbose=0, split=setup == "fastt_split",
+                                           drop_slower_plan=setup == "fastt_guarded")
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model, (sample_x, sample_y) = build(model_name, keras)
@@ -68,8 +73,10 @@ def worker(setup: str, model_name: str, steps: int) -> dict:
     if setup.startswith("fastt"):
         first_planned = strategy.options.warmup_steps + strategy.options.profile_steps
         steady = durations[first_planned + 3:]
-        result["predicted"] = strategy.plan.predicted_step_time if strategy.plan else None
+        dropped = "plan_dropped" in strategy.report
+        result["predicted"] = strategy.plan.predicted_step_time if strategy.plan and not dropped else None
         result["algorithm"] = strategy.plan.algorithm if strategy.plan else "failed"
+        result["dropped"] = dropped
         result["one_time"] = float(durations[first_planned - 1] + durations[first_planned] - 2 * np.median(steady))
     else:
         steady = durations[5:]
@@ -108,9 +115,15 @@ def main() -> None:
             batch = runs[0]["batch"]
             extra = ["", "", "", ""]
             if setup.startswith("fastt"):
-                predicted = statistics.median(r["predicted"] for r in runs if r["predicted"])
-                extra = [runs[-1]["algorithm"], f"{statistics.median(r['one_time'] for r in runs):.2f}",
-                         f"{predicted * 1e3:.2f}", f"{(predicted - step) / step * 100:+.0f}%"]
+                plan = runs[-1]["algorithm"]
+                dropped = sum(r["dropped"] for r in runs)
+                if dropped:
+                    plan += f" (dropped {dropped}/{len(runs)})"
+                extra = [plan, f"{statistics.median(r['one_time'] for r in runs):.2f}", "", ""]
+                predictions = [r["predicted"] for r in runs if r["predicted"]]
+                if predictions and not dropped:  # a dropped plan's prediction is not what ran
+                    predicted = statistics.median(predictions)
+                    extra[2:] = [f"{predicted * 1e3:.2f}", f"{(predicted - step) / step * 100:+.0f}%"]
             rows.append([model, setup, str(batch), f"{step * 1e3:.2f}", f"{batch / step:,.0f}",
                          f"{default / step:.2f}x", f"{step / better:.2f}"] + extra)
     print()

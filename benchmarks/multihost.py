@@ -56,7 +56,7 @@ def chief(steps: int, plan_path: str) -> dict:
     import kerasflow
     from kerasflow.multihost import multihost_cluster, task_of
 
-    strategy = kerasflow.FastTStrategy(inter_host_link=(20e-6, 5e9), verbose=0)
+    strategy = kerasflow.FastTStrategy(inter_host_link=(20e-6, 5e9), verbose=0, drop_slower_plan=False)
     step = _train(strategy, steps)
     strategy.plan.save(plan_path)
     devices = strategy.devices

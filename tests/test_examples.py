@@ -13,12 +13,17 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# A plan that measures slower than the default placement is dropped (drop_slower_plan): the
+# example then says why instead of where the ops ran. Which happens depends on the machine.
+PLACED_OR_DROPPED = ("Ops placed where planned: all",
+                     "Plan not in force: training went back to the default placement (the plan measured")
+
 EXPECTED = {
-    "existing_fit_callback.py": ["Plan \"", "Ops placed where planned: all"],
+    "existing_fit_callback.py": ["Plan \"", PLACED_OR_DROPPED],
     "offline_planning.py": ["Plan for 8xH100-nvlink", "applied; ops placed where planned: all"],
     "tick_tock_memory.py": ["tick_tock_model_parallel", "largest batch"],
     "tf_keras_legacy.py": ["Plan \""],
-    "several_machines_on_one.py": ["Ops placed where planned: all", "Checkpoint written by the chief", "Workers stopped."],
+    "several_machines_on_one.py": [PLACED_OR_DROPPED, "Checkpoint written by the chief", "Workers stopped."],
 }
 
 
@@ -29,4 +34,5 @@ def test_example_runs(script, tmp_path):
                             env={**os.environ, "PYTHONPATH": ROOT})
     assert result.returncode == 0, result.stderr[-3000:]
     for text in EXPECTED[script]:
-        assert text in result.stdout, result.stdout[-3000:]
+        alternatives = text if isinstance(text, tuple) else (text,)
+        assert any(alternative in result.stdout for alternative in alternatives), result.stdout[-3000:]

@@ -28,7 +28,7 @@ class FastT(keras.callbacks.Callback):
 
     Args: as for ``FastTStrategy`` (``devices``, ``cluster``, ``plan``, ``warmup_steps``,
         ``profile_steps``, ``split``, ``tick_tock``, ``replicated``, ``memory_limit``, ``log_dir``,
-        ``verbose``, ``on_mismatch``).
+        ``verbose``, ``on_mismatch``, ``drop_slower_plan``).
 
     Raises:
         KerasflowError: a device that does not exist, or a bad option.
@@ -41,7 +41,7 @@ class FastT(keras.callbacks.Callback):
         >>> callback = kerasflow.callbacks.FastT(verbose=0)
         >>> x, y = np.ones((512, 8), "float32"), np.ones((512, 1), "float32")
         >>> _ = model.fit(x, y, batch_size=32, verbose=0, callbacks=[callback])
-        >>> callback.plan_in_force
+        >>> callback.plan is not None  # in force, unless it measured slower than the default placement
         True
     """
 
@@ -49,7 +49,7 @@ class FastT(keras.callbacks.Callback):
                  plan: Plan | str | None = None, warmup_steps: int | None = None, profile_steps: int | None = None,
                  split: bool | None = None, tick_tock: str | None = None, replicated: str | bool | None = None,
                  memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None,
-                 on_mismatch: str = "error"):
+                 on_mismatch: str = "error", drop_slower_plan: bool | None = None):
         super().__init__()
         from kerasflow.devices import default_devices
         from kerasflow.strategies.fastt_strategy import _canonical, _known_devices
@@ -67,7 +67,7 @@ class FastT(keras.callbacks.Callback):
         self.options = Options.build(devices, cluster=cluster, plan=plan, warmup_steps=warmup_steps,
                                      profile_steps=profile_steps, split=split, tick_tock=tick_tock,
                                      replicated=replicated, memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
-                                     on_mismatch=on_mismatch)
+                                     on_mismatch=on_mismatch, drop_slower_plan=drop_slower_plan)
         self.driver = Driver(self.options.copy())
 
     @property
@@ -83,8 +83,8 @@ class FastT(keras.callbacks.Callback):
     @property
     def report(self) -> dict:
         """What planning did, as ``FastTStrategy.report`` says (``algorithm``,
-        ``predicted_step_time``, ``summary``, then ``measured_step_time`` and ``measured_summary``);
-        empty before planning."""
+        ``predicted_step_time``, ``summary``, then ``measured_step_time``, ``measured_summary`` and
+        ``plan_dropped``); empty before planning."""
         return dict(self.driver.report)
 
     @property

@@ -5,6 +5,7 @@ States, in order::
     warming_up --(warmup_steps)--> profiling --(profile_steps)--> planned
          \\                              \\                            \\
           `----------------------------- `---- any failure ---------`--> default (fallback)
+                                                                      `-- measured slower --> default
 
 ``warming_up``: steps on the default placement (tracing and graph optimisation happen
 there); the step records a real batch of the user's data. ``profiling``: fit's own steps
@@ -16,7 +17,10 @@ the train function is rebuilt, so the next step runs on the plan (``planned``). 
 call of the planned train function is guarded: whatever fails in it (tracing, a refused
 placement, an order TensorFlow rejects) first drops the per-device order, then goes back
 to the default placement for that same call. A failure anywhere warns once, naming the
-cause, and training continues on the default placement (``default``).
+cause, and training continues on the default placement (``default``). Five planned steps
+after the rebuild are timed; a plan they measure more than 5 % slower a step than the
+default placement measured when profiled is dropped the same way (unless
+``drop_slower_plan=False``).
 
 A ``plan=`` given up front skips profiling: it is checked against the model after step 0
 and applied from step 1.
@@ -186,6 +190,7 @@ class Driver:
             self.step += 1
             return
         stage = "planning"
+        slower = None
         try:
             if self._trace is not None:
                 self._trace.__exit__(None, None, None)
@@ -201,7 +206,7 @@ class Driver:
                 self._plan_and_rebuild()
             elif self.state == "planned" and self._measured is not None:
                 stage = "timing the planned step"
-                self._measure_planned_step()
+                slower = self._measure_planned_step()
         except InvalidPlanError:
             raise
         except Exception as error:  # noqa: BLE001 - never lose the user's training
@@ -210,6 +215,10 @@ class Driver:
                 self.reporter.warn(f"kerasflow: {stage} failed ({_describe(error)}); the plan stays in force.")
             else:
                 self.fall_back(stage, error)
+        if slower is not None:
+            self.report["plan_dropped"] = slower
+            self.to_default(slower, f"kerasflow: {slower}; training continues on the default placement. Pass "
+                                    "drop_slower_plan=False to keep a slower plan.")
         self.step += 1
 
     def _window(self) -> tuple[int, int]:
@@ -322,14 +331,15 @@ class Driver:
 
     _MEASURED_STEPS = 5
 
-    def _measure_planned_step(self) -> None:
+    def _measure_planned_step(self) -> str | None:
         """Times planned steps (the first one, which retraces, is left out), then says once what
-        a step measured against the prediction and writes the TensorBoard scalars."""
+        a step measured against the prediction and writes the TensorBoard scalars. Returns why
+        the plan must be dropped when it measured slower than the default placement, else None."""
         if self._read_back or self.step <= self._window()[1] + 1:
-            return
+            return None
         self._measured.append((time.perf_counter() - self._step_started) / _compat.steps_per_call(self.model))
         if len(self._measured) < self._MEASURED_STEPS:
-            return
+            return None
         measured = float(np.median(self._measured))
         self._measured = None
         self.report["measured_step_time"] = measured
@@ -338,6 +348,10 @@ class Driver:
         if self.options.log_dir:
             self.reporter.write_scalars(self.options.log_dir, self.step, self.plan, self.graph, self.cluster(),
                                         measured)
+        if self.options.drop_slower_plan and profiled and measured > profiled * (1 + SLOWER_MARGIN):
+            return (f"the plan measured {measured * 1e3:.2f} ms a step, {measured / profiled - 1:.0%} slower than "
+                    f"the default placement's {profiled * 1e3:.2f} ms when profiled")
+        return None
 
     def rebuild(self) -> None:
         """Retraces the train function with the plan, every call of it guarded."""
@@ -407,6 +421,14 @@ class Driver:
 
     def fall_back(self, stage: str, error: Exception) -> None:
         """Goes back to the default placement for good, with one warning naming the cause."""
+        planned = self.state == "planned"
+        self.to_default(f"{stage} failed: {_describe(error)}",
+                        f"kerasflow: {stage} failed ({_describe(error)}); training continues on the default "
+                        f"placement{'' if planned else ', unchanged'}. {_FIX}")
+
+    def to_default(self, reason: str, warning: str) -> None:
+        """Goes back to the default placement for good: warns once, keeps ``reason`` for the
+        placement report, moves the variables home and rebuilds the default train function."""
         if self._profiler is not None:
             try:
                 self._profiler.stop()
@@ -415,11 +437,10 @@ class Driver:
             self._profiler = None
         self._trace = None
         self._read_back = False
-        planned = self.state == "planned"
+        self._measured = None
         self.state = "default"
-        self.fallback = f"{stage} failed: {_describe(error)}"
-        self.reporter.warn(f"kerasflow: {stage} failed ({_describe(error)}); training continues on the default "
-                           f"placement{'' if planned else ', unchanged'}. {_FIX}")
+        self.fallback = reason
+        self.reporter.warn(warning)
         if self.model is None or self._original_step is None:
             return
         self.applier = self.replicas = None
@@ -463,6 +484,10 @@ class Driver:
 # Moving a model's variables back from a cluster's tasks after a fallback: long enough for
 # gigabytes over a slow network, short enough that a silent task does not hang fit for good.
 _MOVE_BACK_SECONDS = 120
+
+# How much slower than the default placement a plan may measure before it is dropped: this
+# machine's step times vary by a few percent between runs of the same setup.
+SLOWER_MARGIN = 0.05
 
 _FIX = ("If this persists, report it with the model's code, or plan offline with kerasflow.profiling."
         "profile_model and kerasflow.plan and pass plan=.")

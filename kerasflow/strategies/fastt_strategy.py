@@ -85,6 +85,11 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             profiling, planning, rebuilding) and the plan's report line; 0 prints nothing, not
             even the TensorFlow profiler's log lines.
         on_mismatch: ``"error"`` or ``"replan"`` for a ``plan=`` that does not fit the model.
+        drop_slower_plan: after the rebuild, five planned steps are timed; when their median is
+            more than 5 % slower than the default placement's step (timed while profiling),
+            the plan is dropped with one warning and training continues on the default
+            placement (default True; False keeps it; a ``plan=`` given up front is never
+            profiled, so it is kept).
         cluster_resolver: several machines: a ``tf.distribute.cluster_resolver.ClusterResolver``
             (default: ``TFConfigClusterResolver`` when ``TF_CONFIG`` is set). The strategy
             connects to the cluster (every other task runs ``python -m kerasflow.worker``),
@@ -112,7 +117,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         ...     model.compile(optimizer="adam", loss="mse")
         >>> x, y = np.ones((512, 8), "float32"), np.ones((512, 1), "float32")
         >>> _ = model.fit(x, y, batch_size=32, verbose=0)  # profiles, plans, rebuilds, keeps training
-        >>> strategy.plan_in_force
+        >>> strategy.plan is not None  # in force, unless it measured slower than the default placement
         True
     """
 
@@ -120,13 +125,14 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
                  plan: Plan | str | None = None, warmup_steps: int | None = None, profile_steps: int | None = None,
                  split: bool | None = None, tick_tock: str | None = None, replicated: str | bool | None = None,
                  memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None, on_mismatch: str = "error",
-                 cluster_resolver: Any = None, inter_host_link: Any = "measure",
+                 drop_slower_plan: bool | None = None, cluster_resolver: Any = None, inter_host_link: Any = "measure",
                  connect_timeout: float = 30.0, on_lost_task: str = "exit"):
         from kerasflow import multihost
         from kerasflow.devices import default_devices
 
         settings = dict(warmup_steps=warmup_steps, profile_steps=profile_steps, split=split, tick_tock=tick_tock,
-                        replicated=replicated, memory_limit=memory_limit, log_dir=log_dir, verbose=verbose, on_mismatch=on_mismatch)
+                        replicated=replicated, memory_limit=memory_limit, log_dir=log_dir, verbose=verbose, on_mismatch=on_mismatch,
+                        drop_slower_plan=drop_slower_plan)
         Options.build([], **settings)  # every setting checked before anything connects
         if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)) or not (
                 0 < connect_timeout < float("inf")):
@@ -222,8 +228,9 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         rebuild), ``algorithm``, ``predicted_step_time``, ``candidates``, ``summary`` (the
         printed line) and, once the plan has run 5 steps after its first, ``measured_step_time``
         (their median, seconds per train step) and ``measured_summary`` (the printed line: measured
-        against predicted and against the default placement's profiled step); empty before
-        planning."""
+        against predicted and against the default placement's profiled step), and
+        ``plan_dropped`` (why) when that step measured slower and the plan was dropped; empty
+        before planning."""
         driver = self._driver_of()
         return dict(driver.report) if driver is not None else {}
 

@@ -106,7 +106,8 @@ class Options:
 
     Environment: ``KERASFLOW_WARMUP_STEPS``, ``KERASFLOW_PROFILE_STEPS``, ``KERASFLOW_SPLIT``,
     ``KERASFLOW_TICK_TOCK``, ``KERASFLOW_REPLICATED``, ``KERASFLOW_MEMORY_LIMIT``,
-    ``KERASFLOW_LOG_DIR``, ``KERASFLOW_VERBOSE`` — used for any argument left at None.
+    ``KERASFLOW_LOG_DIR``, ``KERASFLOW_VERBOSE``, ``KERASFLOW_DROP_SLOWER_PLAN`` — used for
+    any argument left at None.
     Booleans take 1/0, true/false, yes/no or on/off.
 
     Example:
@@ -128,6 +129,7 @@ class Options:
     log_dir: str | None = None
     verbose: Any = "auto"
     on_mismatch: str = "error"
+    drop_slower_plan: bool = True
     max_split_evaluations: int = 16
 
     @classmethod
@@ -163,7 +165,8 @@ class Options:
             memory_limit=pick("memory_limit", _parse_memory, None),
             log_dir=pick("log_dir", lambda n, v: str(v), None),
             verbose=pick("verbose", _parse_verbose, "auto"),
-            on_mismatch=on_mismatch)
+            on_mismatch=on_mismatch,
+            drop_slower_plan=pick("drop_slower_plan", parse_bool, True))
 
     def copy(self) -> "Options":
         """An independent copy (each model gets its own driver and options)."""

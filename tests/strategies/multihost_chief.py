@@ -30,7 +30,7 @@ def main(out: str, checkpoint_dir: str) -> None:
     # A fast network, given: the test checks that a plan spanning tasks runs and trains
     # right, whatever loopback's measured figure would make the planner prefer.
     strategy = kerasflow.FastTStrategy(inter_host_link=(20e-6, 5e9), split=False, tick_tock="off", verbose=0,
-                                       connect_timeout=60)
+                                       drop_slower_plan=False, connect_timeout=60)
     x, y = data_for("cnn")
     model = build_under(strategy, "cnn")
     loss = fit(model, x, y)
@@ -66,7 +66,7 @@ def stop_a_worker_mid_fit(out: str, pid: int, signal_name: str, when: str) -> No
     import numpy as np
 
     strategy = kerasflow.FastTStrategy(inter_host_link=(20e-6, 5e9), split=False, tick_tock="off", verbose=0,
-                                       connect_timeout=5)
+                                       drop_slower_plan=False, connect_timeout=5)
     with strategy.scope():
         model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
                                   keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])

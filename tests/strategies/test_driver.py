@@ -29,9 +29,10 @@ def kerasflow_warnings(caught):
 
 
 def fit_mlp_under_fastt():
-    """(strategy, losses, kerasflow's warnings) of the MLP trained one epoch under FastTStrategy."""
+    """(strategy, losses, kerasflow's warnings) of the MLP trained one epoch under FastTStrategy
+    (its plan kept even where it measures slower than the default placement)."""
     x, y = mlp_data()
-    strategy = kerasflow.FastTStrategy(verbose=0)
+    strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False)
     with strategy.scope():
         keras.utils.set_random_seed(7)
         model = models.mlp(keras, dropout=False)
@@ -49,7 +50,7 @@ def plain_mlp_losses():
 
 def test_each_model_under_one_strategy_gets_its_own_profile_and_plan():
     x, y = mlp_data()
-    strategy = kerasflow.FastTStrategy(verbose=0)
+    strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False)
     with strategy.scope():
         first = models.mlp(keras, units=(32, 16), dropout=False)
         second = models.mlp(keras, units=(8,), dropout=False)
@@ -73,7 +74,7 @@ def test_a_missing_tensorboard_never_undoes_the_plan(monkeypatch, tmp_path, caps
     x, y = mlp_data()
     keras.utils.set_random_seed(7)
     model = models.mlp(keras, dropout=False)
-    callback = kerasflow.callbacks.FastT(log_dir=str(tmp_path), verbose=1)
+    callback = kerasflow.callbacks.FastT(log_dir=str(tmp_path), verbose=1, drop_slower_plan=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         losses = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=2, shuffle=False,
@@ -137,7 +138,7 @@ def test_every_optimizer_a_model_owns_keeps_its_state():
     keras.utils.set_random_seed(7)
     model = gan()
     data = gan_dataset()
-    callback = kerasflow.callbacks.FastT(verbose=0)
+    callback = kerasflow.callbacks.FastT(verbose=0, drop_slower_plan=False)
     model.fit(data, epochs=2, verbose=0, callbacks=[callback])
     steps = 2 * len(list(data))
     # Profiling ran the step many more times; none of those updates may remain.
@@ -150,7 +151,7 @@ def test_verbose_zero_prints_nothing_not_even_the_profiler(capfd):
     x, y = mlp_data()
     keras.utils.set_random_seed(7)
     model = models.mlp(keras, dropout=False)
-    callback = kerasflow.callbacks.FastT()
+    callback = kerasflow.callbacks.FastT(drop_slower_plan=False)
     fit(model, x, y, callbacks=[callback])
     out, err = capfd.readouterr()
     assert callback.plan_in_force
@@ -173,7 +174,9 @@ def test_every_phase_is_shown_with_verbose(capsys):
                                            ("True", True), ("on", True)])
 def test_boolean_settings_from_the_environment(monkeypatch, raw, expected):
     monkeypatch.setenv("KERASFLOW_SPLIT", raw)
-    assert Options.build(["/CPU:0"]).split is expected
+    monkeypatch.setenv("KERASFLOW_DROP_SLOWER_PLAN", raw)
+    options = Options.build(["/CPU:0"])
+    assert options.split is expected and options.drop_slower_plan is expected
 
 
 @pytest.mark.parametrize("name, value, match", [
@@ -253,7 +256,56 @@ def test_the_measured_step_is_per_train_step(monkeypatch, steps_per_execution):
     model = models.mlp(keras, dropout=False)
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   steps_per_execution=steps_per_execution)
-    callback = kerasflow.callbacks.FastT(verbose=0)
+    callback = kerasflow.callbacks.FastT(verbose=0, drop_slower_plan=False)
     model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False, callbacks=[callback])
     assert callback.plan_in_force
     assert callback.report["measured_step_time"] == pytest.approx(0.1 / steps_per_execution)
+
+
+def fit_mlp_on_a_clock(monkeypatch, seconds_a_call, **options):
+    """(callback, losses, kerasflow's warnings) of the MLP trained two epochs through the
+    callback while the driver's clock says each train-function call lasts ``seconds_a_call``
+    (the profile times the default placement with the real clock: a few ms a step)."""
+    readings = iter(range(10**6))
+    monkeypatch.setattr(driver_module, "time",
+                        types.SimpleNamespace(perf_counter=lambda: seconds_a_call * next(readings)))
+    x, y = mlp_data()
+    keras.utils.set_random_seed(7)
+    model = models.mlp(keras, dropout=False)
+    callback = kerasflow.callbacks.FastT(verbose=0, **options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False,
+                           callbacks=[callback]).history["loss"]
+    return callback, losses, kerasflow_warnings(caught)
+
+
+def plain_mlp_losses_for_two_epochs():
+    x, y = mlp_data()
+    keras.utils.set_random_seed(7)
+    return models.mlp(keras, dropout=False).fit(x, y, batch_size=BATCH, epochs=2, verbose=0,
+                                                shuffle=False).history["loss"]
+
+
+def test_a_plan_measured_slower_than_the_default_placement_is_dropped(monkeypatch):
+    callback, losses, said = fit_mlp_on_a_clock(monkeypatch, 1.0)
+    profiled = callback.profile.metadata["plain_step_seconds"]
+    assert 0 < profiled < 0.5
+    reason = (f"the plan measured 1000.00 ms a step, {1.0 / profiled - 1:.0%} slower than the default "
+              f"placement's {profiled * 1e3:.2f} ms when profiled")
+    assert said == [f"kerasflow: {reason}; training continues on the default placement. Pass "
+                    "drop_slower_plan=False to keep a slower plan."]
+    report = callback.placement_report()
+    assert not callback.plan_in_force and not report.in_force and report.fallback == reason
+    assert report.summary() == f"Plan not in force: training went back to the default placement ({reason})."
+    assert callback.report["plan_dropped"] == reason
+    # Training went on, on the default placement, with the model's math unchanged.
+    assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
+
+
+@pytest.mark.parametrize("seconds_a_call, options", [(1e-6, {}), (1.0, {"drop_slower_plan": False})])
+def test_a_plan_measured_as_fast_or_kept_on_request_stays(monkeypatch, seconds_a_call, options):
+    callback, losses, said = fit_mlp_on_a_clock(monkeypatch, seconds_a_call, **options)
+    assert callback.plan_in_force and said == []
+    assert callback.report["measured_step_time"] == pytest.approx(seconds_a_call)
+    assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)

@@ -28,19 +28,22 @@ def ordered_plans():
 
 
 def traced_copies(order):
-    """A TensorFlow graph with one op per task of ``order``, named as the plan-applying step
-    names the copies (wave and shard scopes around the profiled name)."""
+    """The ops of a TensorFlow graph with one op per task of ``order``, named as the
+    plan-applying step names the copies (wave and shard scopes around the profiled name)."""
     graph = tf.Graph()
     by_task = {}
     with graph.as_default():
+        # Each op reads a placeholder: a constant would be folded before the step runs, and
+        # the applier leaves such ops out of the order.
+        source = tf.compat.v1.placeholder(tf.float32, name="source")
         for tasks in order.values():
             for task in tasks:
                 base, _, wave, shard = parse_copy_name(task)
                 scopes = [wave_scope(wave)] * (wave >= 0) + [shard_scope(shard)] * (shard >= 0)
                 # A trailing "/" re-enters the scope as is (the step enters it once per copy).
                 with graph.name_scope("/".join(scopes) + "/") if scopes else contextlib.nullcontext():
-                    by_task[task] = tf.constant(0.0, name=base)
-    return graph.get_operations(), by_task
+                    by_task[task] = tf.identity(source, name=base)
+    return [op for op in graph.get_operations() if op is not source.op], by_task
 
 
 @pytest.mark.parametrize("kind, graph, cluster, candidate", list(ordered_plans()), ids=lambda v: v
