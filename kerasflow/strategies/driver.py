@@ -485,8 +485,8 @@ class Driver:
 # gigabytes over a slow network, short enough that a silent task does not hang fit for good.
 _MOVE_BACK_SECONDS = 120
 
-# How much slower than the default placement a plan may measure before it is dropped: this
-# machine's step times vary by a few percent between runs of the same setup.
+# How much slower than the default placement a plan may measure before it is dropped: on a
+# shared machine one setup's step time varies by a few percent from run to run.
 SLOWER_MARGIN = 0.05
 
 _FIX = ("If this persists, report it with the model's code, or plan offline with kerasflow.profiling."

@@ -69,7 +69,8 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         profile_steps: profiled steps.
         split: let the planner split layers across devices (default False: split plans run
             with the transfers the simulator predicts, but on the CPU testbed they beat the
-            unsplit plan on three models of five and lost on two; see ``docs/benchmarks.md``).
+            unsplit plan on three models of five in one run and on four in another, losing on
+            the rest; see ``docs/benchmarks.md``).
         tick_tock: ``"auto"``, ``"on"`` or ``"off"`` (see ``kerasflow.plan``).
         replicated: whether the planner may replicate the whole step on every device (data
             parallelism: a copy of the weights per device, the gradients summed by a ring
