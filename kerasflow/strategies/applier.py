@@ -12,7 +12,10 @@ whose consumers share one runs there (the sum of a split layer's weight gradient
 autodiff, runs where the update does, as simulated).
 Each device's order is enforced with control edges, unless that would close a
 cycle (then the order is skipped, and ``placement_report()`` says so); ops Grappler folds into
-constants are left out of it.
+constants are left out of it. A planned op is found in the trace by identity: its name (with
+its copy's wave and shard) and its type; a planned op that runs a kernel and is not in the
+trace, or is there as an op of another type (TensorFlow numbers same-named ops by position,
+so an extra op shifts the numbers), is left out of the order and named by ``placement_report()``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
+from kerasflow.planner.costmodel import METADATA_OP_TYPES
 from kerasflow.planner.graph import OpGraph
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.tasknames import parse_copy_name
@@ -39,6 +43,7 @@ class ApplyReport:
     unplaced: list[str] = field(default_factory=list)
     ordered_edges: int = 0
     order_skipped: str = ""
+    order_missing: list[str] = field(default_factory=list)  # planned ops that run a kernel, not in the trace
 
 
 class PlanApplier:
@@ -55,6 +60,7 @@ class PlanApplier:
         self.devices = list(devices)
         self.layer_of: dict[str, str] = {}
         self.scope_layer: dict[str, str | None] = {}
+        self.op_type = {op.name: op.type for op in graph.ops if op.type} if graph is not None else {}
         if graph is not None:
             for op in graph.ops:
                 if op.layer is None:
@@ -90,10 +96,12 @@ class PlanApplier:
             parts.append(f"the per-device order (TensorFlow could not run it: {self.order_refused})")
         elif report.order_skipped:
             parts.append(f"the per-device order ({report.order_skipped})")
+        elif report.order_missing:
+            parts.append(f"the per-device order of {len(report.order_missing)} planned ops this trace does not "
+                         f"have as planned ({_first_three(report.order_missing)}); they run in data-flow order")
         if report.unplaced:
-            shown = ", ".join(report.unplaced[:3]) + (", ..." if len(report.unplaced) > 3 else "")
             parts.append(f"devices for {len(report.unplaced)} ops the plan does not name, placed by TensorFlow "
-                         f"({shown})")
+                         f"({_first_three(report.unplaced)})")
         return parts
 
     def layer_of_name(self, base: str) -> str | None:
@@ -110,20 +118,27 @@ class PlanApplier:
                 return layer
         return None
 
-    def device_for(self, name: str) -> tuple[str | None, bool]:
-        """The planned device of op ``name``, and whether it came from the layer fallback."""
+    def is_planned_op(self, base: str, op_type: str | None) -> bool:
+        """Whether the traced op named ``base`` (of ``op_type``, None: unknown) is the planned op
+        of that name: the profile has none of another type (an op without a type matches by name)."""
+        return op_type is None or self.op_type.get(base, op_type) == op_type
+
+    def device_for(self, name: str, op_type: str | None = None) -> tuple[str | None, bool]:
+        """The planned device of op ``name`` (of ``op_type`` when known), and whether it came
+        from the layer fallback (also taken for a same-named op of another type)."""
         plan = self.plan
         if plan.data_parallel is not None:
             replica = replica_of(name)
             return (plan.data_parallel.devices[replica] if 0 <= replica < len(plan.data_parallel.devices)
                     else None), False
         base, wave, shard = split_name(name)
+        named = base in plan.placement and self.is_planned_op(base, op_type)
         device = None
         by_layer = False
-        layer = self.layer_of_name(base) if (shard >= 0 or base not in plan.placement) else None
+        layer = self.layer_of_name(base) if (shard >= 0 or not named) else None
         if shard >= 0 and layer in plan.splits and shard < len(plan.splits[layer]):
             device = plan.splits[layer][shard].device
-        elif base in plan.placement:
+        elif named:
             device = plan.placement[base]
         elif layer is not None and layer in self.layer_device:
             device, by_layer = self.layer_device[layer], True
@@ -171,7 +186,7 @@ class PlanApplier:
                     op._set_device(device)
                     report.placed += 1
                 continue
-            device, by_layer = self.device_for(op.name)
+            device, by_layer = self.device_for(op.name, op.type)
             if device is None and self.plan.data_parallel is not None and op.device:
                 report.placed += 1  # the ring and the batch's shares: placed where the step made them
                 continue
@@ -240,18 +255,7 @@ class PlanApplier:
         folded = _folded_before_running(ops)
         chains = []
         for names in self.plan.order.values():
-            sequence = []
-            for task in names:
-                base, _, wave, shard = parse_copy_name(task)
-                op = keyed.get((base, wave, shard))
-                # Stateful ops are ordered by tf.function itself (automatic control
-                # dependencies in program order); chaining them too could close a cycle.
-                # Ops Grappler folds into constants cost nothing to order, and a constant with
-                # control inputs is folded otherwise: MobileNetV2's planned step rounded
-                # differently from plain Keras (bit-identical without them) and an output
-                # Identity left its planned device.
-                if op is not None and op.type != "Placeholder" and not _stateful(op) and id(op) not in folded:
-                    sequence.append(op)
+            sequence = [op for op in (self._ordered_op(task, keyed, folded, report) for task in names) if op]
             chains.extend(zip(sequence, sequence[1:]))
         if not chains:
             return
@@ -263,6 +267,28 @@ class PlanApplier:
             if before not in after.control_inputs:
                 after._add_control_input(before)
                 report.ordered_edges += 1
+
+    def _ordered_op(self, task: str, keyed: dict, folded: set[int], report: ApplyReport) -> tf.Operation | None:
+        """The traced op that is ``task`` of the plan's order, if it is one to chain; a planned
+        op that runs a kernel and is missing from the trace is recorded in ``report``."""
+        base, _, wave, shard = parse_copy_name(task)
+        op = keyed.get((base, wave, shard))
+        if op is None or not self.is_planned_op(base, op.type):
+            if self.op_type.get(base, "NoOp") not in METADATA_OP_TYPES:
+                report.order_missing.append(task)
+            return None
+        # Stateful ops are ordered by tf.function itself (automatic control dependencies in
+        # program order); chaining them too could close a cycle. Ops Grappler folds into
+        # constants cost nothing to order, and a constant with control inputs is folded
+        # otherwise: MobileNetV2's planned step rounded differently from plain Keras
+        # (bit-identical without them) and an output Identity left its planned device.
+        if op.type == "Placeholder" or _stateful(op) or id(op) in folded:
+            return None
+        return op
+
+
+def _first_three(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def _copyable_join(op: tf.Operation) -> bool:

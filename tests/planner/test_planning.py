@@ -1,8 +1,12 @@
 """plan()'s own steps, on graphs small enough to work out by hand."""
 
-from kerasflow.planner import OpGraph, Plan
+import random
+
+import pytest
+
+from kerasflow.planner import InvalidPlanError, OpGraph, Plan
 from kerasflow.planner.baselines import with_prediction
-from kerasflow.planner.planning import order_if_faster
+from kerasflow.planner.planning import order_if_faster, plan
 from tests.planner.helpers import cluster, op
 
 
@@ -31,3 +35,44 @@ def test_an_order_as_fast_as_none_is_kept():
 def test_an_unordered_plan_that_would_not_fit_is_not_taken():
     graph, c, ordered = two_chains({"/D:0": ["c", "a"]})
     assert order_if_faster(ordered, graph, c, fits=lambda p: bool(p.order)) is ordered
+
+
+def near_tie():
+    # a (1 s) and b (0.02 s) are independent. On one device they take 1.02 s; HEFT puts them
+    # on the two devices side by side: 1.00 s, 2 % faster.
+    return OpGraph([op("a", 1.0), op("b", 0.02)], []), cluster(2)
+
+
+def test_a_candidate_within_the_tie_margin_of_the_fastest_gives_way_to_a_simpler_one():
+    graph, c = near_tie()
+    chosen = plan(graph, c, split=False, tick_tock="off", verbose=0)
+    assert chosen.algorithm == "single_device"
+    assert chosen.predicted_step_time == 1.02 and min(chosen.candidates.values()) == 1.0
+
+
+def test_without_a_tie_margin_the_fastest_wins():
+    graph, c = near_tie()
+    chosen = plan(graph, c, split=False, tick_tock="off", tie_margin=0, verbose=0)
+    assert chosen.predicted_step_time == 1.0 and chosen.algorithm != "single_device"
+
+
+def test_a_lead_beyond_the_tie_margin_wins():
+    # b costs 0.05 s: one device takes 1.05 s, 5 % slower than side by side.
+    chosen = plan(OpGraph([op("a", 1.0), op("b", 0.05)], []), cluster(2), split=False, tick_tock="off", verbose=0)
+    assert chosen.predicted_step_time == 1.0 and chosen.algorithm != "single_device"
+
+
+def test_profile_noise_within_the_margin_does_not_flip_the_plan():
+    # The same near tie measured with each op's cost off by up to 1 %, as two profiles of one
+    # model are: the plan stays single-device every time.
+    rng = random.Random(0)
+    for _ in range(20):
+        noisy = OpGraph([op("a", 1.0 * rng.uniform(0.99, 1.01)), op("b", 0.02 * rng.uniform(0.99, 1.01))], [])
+        assert plan(noisy, cluster(2), split=False, tick_tock="off", verbose=0).algorithm == "single_device"
+
+
+def test_a_tie_margin_outside_zero_to_one_is_refused():
+    graph, c = near_tie()
+    for bad in (-0.1, 1.0, "3%", True):
+        with pytest.raises(InvalidPlanError, match=r"tie_margin must be a fraction in \[0, 1\).*Received: tie_margin="):
+            plan(graph, c, tie_margin=bad, verbose=0)

@@ -23,7 +23,8 @@ def chain():
 
 
 def profile(names, layer="dense"):
-    return OpGraph([Op(n, type="X", layer=layer) for n in names], [])
+    """A profile of ``names`` in ``layer``, without op types (the applier then matches by name alone)."""
+    return OpGraph([Op(n, layer=layer) for n in names], [])
 
 
 def test_ops_go_to_their_planned_device_and_others_to_their_layers_device():
