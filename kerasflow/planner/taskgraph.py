@@ -443,16 +443,35 @@ class _Builder:
 
     def _ring_task(self, members: list[tuple[int, int]], nbytes: float, seconds: float) -> int:
         """One all-reduce on the ring of the outputs ``members`` (``(op, output)`` pairs), fed by
-        every replica's copies of each and feeding each one's targets."""
+        every replica's copies of each and feeding each one's targets.
+
+        Each replica copies the buffer in and out on its own device, as
+        ``strategies.replicas`` does: in, the members concatenated into one flat buffer (when
+        there are several) and the buffer cut into the ring's chunks; out, the summed chunks
+        joined and the buffer cut back into its members (when there are several).
+        """
         tg = self.tg
         p, k = members[0]
-        ar = tg.add(auxiliary_name(self.graph.ops[p].name, k, "allreduce"), -1, "allreduce", tg.ring, seconds,
-                    (nbytes,), 0.0, 0.0, min(self.rank[q] for q, _ in members) + 0.5)
+        name, priority = self.graph.ops[p].name, min(self.rank[q] for q, _ in members) + 0.5
+        ar = tg.add(auxiliary_name(name, k, "allreduce"), -1, "allreduce", tg.ring, seconds,
+                    (nbytes,), 0.0, 0.0, priority)
+        copies = 1 + (len(members) > 1)  # kernels each way: a chunk split or join, and the fusing one
+        packs, unpacks = {}, {}
+        for r in range(len(self.copies)):
+            device = tg.resource[self.copies[r][p][0][0][0]]
+            seconds_each_way = copies * self._copy_seconds(device, nbytes, nbytes)
+            packs[r] = tg.add(auxiliary_name(name, k, "concat", replica=r), -1, "concat", device,
+                              seconds_each_way, (nbytes,), 0.0, 0.0, priority, replica=r, size=nbytes)
+            unpacks[r] = tg.add(auxiliary_name(name, k, "split", replica=r), -1, "split", device,
+                                seconds_each_way, (nbytes,), 0.0, 0.0, priority, replica=r, size=nbytes)
+            self._edge(packs[r], 0, 0.0, ar)
+            self._edge(ar, 0, 0.0, unpacks[r])
         for q, j in members:
             out, targets = self.reductions[(q, j)]
-            self._reduce_into(q, j, out, ar)
+            for r, pack in packs.items():
+                self._reduce_into(q, j, out, pack, replicas=[r])
             for target in targets:
-                self._edge(ar, 0, 0.0, target)
+                self._edge(unpacks[max(tg.replica[target], 0)], 0, 0.0, target)
         return ar
 
     def _ring_seconds(self, nbytes: float, latency_share: float = 1.0) -> float:
@@ -463,9 +482,12 @@ class _Builder:
             return 0.0
         return 2 * (replicas - 1) * (link.latency * latency_share + nbytes / (replicas * link.bandwidth))
 
-    def _reduce_into(self, p: int, k: int, out: Affine, ar: int) -> None:
-        """Edges from every replica's copy of output ``k`` of op ``p`` into the all-reduce ``ar``."""
+    def _reduce_into(self, p: int, k: int, out: Affine, ar: int, replicas: list[int] | None = None) -> None:
+        """Edges from every replica's (or those of ``replicas``) copy of output ``k`` of op ``p``
+        into ``ar`` (the all-reduce, or a replica's copy into its buffer)."""
         for r, per_replica in enumerate(self.copies):
+            if replicas is not None and r not in replicas:
+                continue
             # A replica first sums its waves' gradients locally (gradient accumulation),
             # then the ring reduces one tensor per replica.
             sources = [task for per_wave in per_replica[p] for task in per_wave]

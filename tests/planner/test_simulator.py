@@ -244,6 +244,37 @@ def test_data_parallel_ring_allreduce_takes_its_formula():
     assert all(peak >= 400 for peak in result.peak_memory.values())
 
 
+def test_data_parallel_buffers_are_copied_in_and_out_on_each_replica():
+    # As above, with two gradients g (400 B) and h (200 B) fused into one 600 B buffer and
+    # local copies at 1,200 B/s (no launch cost). Per replica: m 0-1, g 1-2, h 2-3; into the
+    # buffer, a concat and a cut into chunks, each reading and writing 600 B: 2 * 1 s, 3-5;
+    # the ring, 2(D-1)(600/(2*100)) = 6 s, 5-11; out of it, a join and a cut into g and h,
+    # 11-13; the updates u and w, 13-14 and 14-15.
+    graph = OpGraph([
+        op("v", 0.0, [400], phase="other", persistent_bytes=400, colocation="v"),
+        op("r", 0.0, [400], colocation="v"),
+        op("m", (0.0, 1.0), [(0, 4)], batch_axis=0),
+        op("g", (0.0, 1.0), [400], phase="backward", batch_axis=0),
+        op("h", (0.0, 1.0), [200], phase="backward", batch_axis=0),
+        op("u", 1.0, [], phase="update", colocation="v"),
+        op("w", 1.0, [], phase="update", colocation="v"),
+    ], [("v", "r", 0), ("r", "m", 0), ("m", "g", 0), ("g", "h", None), ("g", "u", 0), ("h", "w", 0),
+        ("v", "u", None), ("v", "w", None)], batch_size=2)
+    plan = Plan(data_parallel=DataParallel(("/D:0", "/D:1")))
+    result = simulate(graph, cluster(2, memory_bandwidth=1200.0), plan)
+    times = result.times()
+    assert times["g:0@concat@r0"] == times["g:0@concat@r1"] == (3.0, 5.0)
+    assert times["g:0@allreduce"] == (5.0, 11.0)
+    assert times["g:0@split@r0"] == times["g:0@split@r1"] == (11.0, 13.0)
+    assert result.makespan == 15.0
+    # A buffer of one gradient is only cut into chunks: 400 B read and written, 2/3 s.
+    single = OpGraph([o for o in graph.ops if o.name not in ("h", "w")],
+                     [e for e in graph.edges if "h" not in (e.src, e.dst) and "w" not in (e.src, e.dst)],
+                     batch_size=2)
+    times = simulate(single, cluster(2, memory_bandwidth=1200.0), plan).times()
+    assert times["g:0@concat@r0"] == pytest.approx((2.0, 2.0 + 2 / 3))
+
+
 def test_chrome_trace_has_a_row_per_device_and_link():
     c = cluster(2, latency=0.5)
     plan = Plan(placement={"a": "/D:0", "b": "/D:0", "c": "/D:1", "d": "/D:0"})
