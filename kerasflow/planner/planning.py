@@ -4,10 +4,11 @@ Candidates: single device, data parallelism (on several hosts, also inside the s
 host), layer-wise model parallelism, HEFT and CPOP (each with op and with layer affinity),
 FastT's critical-path op splitting on top of the best list schedule, and waves: data
 parallelism on one copy of the weights (a wave per device), Tick-Tock data-parallel and
-model-parallel waves, and the best placement run as two waves. Each candidate is judged by the simulator; the winner is the simplest candidate (earliest in
-trial order) predicted within ``TIE_MARGIN`` of the fastest, so that profile noise, which moves
-near-tied candidates by a few per cent, does not flip the plan from one profile to the next.
-The winner's predicted step time is the simulator's figure for it, and it records every
+model-parallel waves, and the best placement run as two waves. Each candidate is judged by
+the simulator; the winner is the simplest candidate (earliest in trial order) predicted
+within ``TIE_MARGIN`` of the fastest, so that profile noise, which moves near-tied
+candidates by a few per cent, does not flip the plan from one profile to the next. The
+winner's predicted step time is the simulator's figure for it, and it records every
 candidate's.
 """
 

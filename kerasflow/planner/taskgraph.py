@@ -393,7 +393,7 @@ class _Builder:
                         (piece * replicas,), 0.0, 0.0, self.rank[p] + 0.5)
             self.allreduces[(p, k)] = ar
             tg.gathered_allreduces[ar] = piece
-            self._reduce_into(p, k, out, ar)
+            self._reduce_into(p, k, out, [ar] * len(self.copies))
         self._edge(ar, 0, 0.0, target)
 
     def _build_allreduces(self) -> None:
@@ -456,20 +456,19 @@ class _Builder:
         ar = tg.add(auxiliary_name(name, k, "allreduce"), -1, "allreduce", tg.ring, seconds,
                     (nbytes,), 0.0, 0.0, priority)
         copies = 1 + (len(members) > 1)  # kernels each way: a chunk split or join, and the fusing one
-        packs, unpacks = {}, {}
+        packs, unpacks = [], []
         for r in range(len(self.copies)):
             device = tg.resource[self.copies[r][p][0][0][0]]
             seconds_each_way = copies * self._copy_seconds(device, nbytes, nbytes)
-            packs[r] = tg.add(auxiliary_name(name, k, "concat", replica=r), -1, "concat", device,
-                              seconds_each_way, (nbytes,), 0.0, 0.0, priority, replica=r, size=nbytes)
-            unpacks[r] = tg.add(auxiliary_name(name, k, "split", replica=r), -1, "split", device,
-                                seconds_each_way, (nbytes,), 0.0, 0.0, priority, replica=r, size=nbytes)
+            packs.append(tg.add(auxiliary_name(name, k, "concat", replica=r), -1, "concat", device,
+                                seconds_each_way, (nbytes,), 0.0, 0.0, priority, replica=r, size=nbytes))
+            unpacks.append(tg.add(auxiliary_name(name, k, "split", replica=r), -1, "split", device,
+                                  seconds_each_way, (nbytes,), 0.0, 0.0, priority, replica=r, size=nbytes))
             self._edge(packs[r], 0, 0.0, ar)
             self._edge(ar, 0, 0.0, unpacks[r])
         for q, j in members:
             out, targets = self.reductions[(q, j)]
-            for r, pack in packs.items():
-                self._reduce_into(q, j, out, pack, replicas=[r])
+            self._reduce_into(q, j, out, packs)
             for target in targets:
                 self._edge(unpacks[max(tg.replica[target], 0)], 0, 0.0, target)
         return ar
@@ -482,21 +481,19 @@ class _Builder:
             return 0.0
         return 2 * (replicas - 1) * (link.latency * latency_share + nbytes / (replicas * link.bandwidth))
 
-    def _reduce_into(self, p: int, k: int, out: Affine, ar: int, replicas: list[int] | None = None) -> None:
-        """Edges from every replica's (or those of ``replicas``) copy of output ``k`` of op ``p``
-        into ``ar`` (the all-reduce, or a replica's copy into its buffer)."""
+    def _reduce_into(self, p: int, k: int, out: Affine, into: list[int]) -> None:
+        """Edges from each replica's copy of output ``k`` of op ``p`` into its task of ``into``
+        (the all-reduce itself, or the replica's copy into the buffer)."""
         for r, per_replica in enumerate(self.copies):
-            if replicas is not None and r not in replicas:
-                continue
             # A replica first sums its waves' gradients locally (gradient accumulation),
             # then the ring reduces one tensor per replica.
             sources = [task for per_wave in per_replica[p] for task in per_wave]
             if len(sources) > 1:
                 local = self._many_to_one(sources, k, out, None, (p, k, r),
                                           resource=self.tg.resource[sources[0][0]])
-                self._edge(local, 0, 0.0, ar)
+                self._edge(local, 0, 0.0, into[r])
             else:
-                self._edge(sources[0][0], k, 0.0, ar)
+                self._edge(sources[0][0], k, 0.0, into[r])
 
     def _copy_seconds(self, resource: int, read: float, write: float) -> float:
         return self.devices[resource].copy_seconds(read, write)
