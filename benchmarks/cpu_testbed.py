@@ -16,7 +16,9 @@ state step time:
   later steps run on the default placement ("dropped" in the plan column).
 
 For FastT it also prints the one-time cost (profile + plan, plus the extra time of the first
-planned step, which retraces) and the planner's predicted step time against the measured one.
+planned step, which retraces), the plans the rounds chose, and the planner's predicted step
+time; the simulator's error is the median over rounds of each round's prediction against that
+round's own measured step (rounds may choose different plans from their own profiles).
 
 Usage:
     python benchmarks/cpu_testbed.py [--models mlp cnn resnet lstm transformer] [--steps 60] [--rounds 3]
@@ -115,15 +117,18 @@ def main() -> None:
             batch = runs[0]["batch"]
             extra = ["", "", "", ""]
             if setup.startswith("fastt"):
-                plan = runs[-1]["algorithm"]
+                plan = _plans(runs)
                 dropped = sum(r["dropped"] for r in runs)
                 if dropped:
                     plan += f" (dropped {dropped}/{len(runs)})"
                 extra = [plan, f"{statistics.median(r['one_time'] for r in runs):.2f}", "", ""]
-                predictions = [r["predicted"] for r in runs if r["predicted"]]
-                if predictions and not dropped:  # a dropped plan's prediction is not what ran
-                    predicted = statistics.median(predictions)
-                    extra[2:] = [f"{predicted * 1e3:.2f}", f"{(predicted - step) / step * 100:+.0f}%"]
+                # Each round's prediction against that round's own step (rounds may plan
+                # differently); a dropped plan's prediction is not what ran.
+                kept = [r for r in runs if r["predicted"] and not r["dropped"]]
+                if kept:
+                    predicted = statistics.median(r["predicted"] for r in kept)
+                    error = statistics.median((r["predicted"] - r["step"]) / r["step"] for r in kept)
+                    extra[2:] = [f"{predicted * 1e3:.2f}", f"{error * 100:+.0f}%"]
             rows.append([model, setup, str(batch), f"{step * 1e3:.2f}", f"{batch / step:,.0f}",
                          f"{default / step:.2f}x", f"{step / better:.2f}"] + extra)
     print()
@@ -131,6 +136,16 @@ def main() -> None:
           f"device; medians of {args.rounds} alternating rounds of {args.steps} steps ({machine()})")
     print(format_table(["model", "setup", "batch", "step ms", "samples/s", "vs default", "step / better baseline",
                         "plan", "one-time s", "predicted ms", "simulator error"], rows))
+
+
+def _plans(runs: list[dict]) -> str:
+    """The plans the rounds ran: one name when they agree, else each with its count."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        counts[run["algorithm"]] = counts.get(run["algorithm"], 0) + 1
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{name} x{count}" for name, count in sorted(counts.items(), key=lambda item: -item[1]))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Everything else in kerasflow asks these functions instead of testing module name
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import tensorflow as tf
@@ -16,7 +17,8 @@ __all__ = [
     "optimizer_names", "all_optimizers", "reindex_optimizers", "print_line", "fit_verbosity",
     "optimizer_variables", "metric_variables", "all_layers", "uses_jit", "disable_jit", "is_compiled",
     "strategy_scope", "run_step", "has_own_train_step",
-    "model_of_step_function", "compute_loss", "finish_step", "can_move_variables",
+    "model_of_step_function", "compute_loss", "finish_step", "can_move_variables", "can_read_weights_per_copy",
+    "weights_read_here",
 ]
 
 try:  # tf-keras is optional (the `legacy` extra)
@@ -289,3 +291,33 @@ def steps_per_call(model: Any) -> int:
     an int in Keras 3, a variable in tf-keras."""
     value = getattr(model, "steps_per_execution", None) or 1
     return int(value.numpy()) if hasattr(value, "numpy") else int(value)
+
+
+def can_read_weights_per_copy(layer: Any) -> bool:
+    """Whether ``weights_read_here`` can give ``layer`` its weights as values: a Keras 3 layer
+    keeps each TensorFlow variable behind one attribute; tf-keras' are referenced from many places."""
+    return isinstance(layer, _keras.layers.Layer)
+
+
+@contextlib.contextmanager
+def weights_read_here(layer: Any):
+    """While inside (at trace time), ``layer``'s trainable weights are read once, here (under
+    the current device and name scope), and the layer computes with those values instead of
+    the variables: a recurrent loop then takes its weights as values and runs where it is
+    placed, not where the variables live (TensorFlow runs an op that takes a variable's
+    handle on the variable's device). Gradients still reach the variables through the reads.
+    Keras 3 only (tf-keras variables are referenced from many places): elsewhere it does nothing.
+    """
+    weights = [w for w in layer.trainable_weights if hasattr(w, "_value") and isinstance(w._value, tf.Variable)]
+    if not can_read_weights_per_copy(layer) or not weights:
+        yield
+        return
+    own = [w._value for w in weights]
+    for weight, variable in zip(weights, own):
+        # Read where the variable lives, copied here once: a loop then carries the copy.
+        weight._value = tf.identity(tf.convert_to_tensor(variable))
+    try:
+        yield
+    finally:
+        for weight, variable in zip(weights, own):
+            weight._value = variable

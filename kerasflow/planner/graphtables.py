@@ -9,16 +9,24 @@ from __future__ import annotations
 
 from .graph import OpGraph
 
-__all__ = ["BATCH_PHASES", "batch_ops", "colocation_groups", "static_tables", "durations"]
+__all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "batch_ops", "weight_bound_layers", "colocation_groups",
+           "static_tables", "durations"]
 
 BATCH_PHASES = ("forward", "backward")
+
+# Loops that take a variable's handle and read it inside (a recurrent layer's time loop, and
+# its gradient): they compute on the batch, so they are copied per shard, wave and replica
+# like any batch op; a copy away from the variable computes with the weights read for it
+# and sent to its device (the runtime's ``weights_read_here``).
+WEIGHT_READING_LOOPS = frozenset({"While", "StatelessWhile"})
 
 
 def batch_ops(graph: OpGraph) -> list[bool]:
     """Which ops run once per sample slice (copied per wave, shard and replica).
 
     Forward and backward ops are, except those colocated with a variable (reads of the
-    weights): they run once and send the weights to every copy.
+    weights): they run once and send the weights to every copy. A loop that reads its
+    variables inside (``WEIGHT_READING_LOOPS``) is a batch op all the same.
 
     Example:
         >>> from kerasflow.planner import synthetic
@@ -30,11 +38,26 @@ def batch_ops(graph: OpGraph) -> list[bool]:
     if cached is None:
         anchored = {op.colocation for op in graph.ops if op.persistent_bytes and op.colocation}
         cached = [
-            op.phase in BATCH_PHASES and not op.persistent_bytes and op.colocation not in anchored
+            op.phase in BATCH_PHASES and not op.persistent_bytes
+            and (op.colocation not in anchored or op.type in WEIGHT_READING_LOOPS)
             for op in graph.ops
         ]
         graph._structure.cache["batch_ops"] = cached
     return cached
+
+
+def weight_bound_layers(graph: OpGraph) -> set[str]:
+    """Layers with a batch op colocated with a variable (a loop that reads its weights inside):
+    where a copy of such a layer runs away from its variables, the weights are read for it.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> weight_bound_layers(synthetic.chain_mlp(layers=1))
+        set()
+    """
+    anchored = {op.colocation for op in graph.ops if op.persistent_bytes and op.colocation}
+    return {op.layer for op, copied in zip(graph.ops, batch_ops(graph))
+            if copied and op.layer is not None and op.colocation in anchored}
 
 
 def colocation_groups(graph: OpGraph) -> list[tuple[str, list[int]]]:

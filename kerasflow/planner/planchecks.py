@@ -68,7 +68,7 @@ def resolve_plan(graph: OpGraph, cluster: Cluster, plan: Plan) -> ResolvedPlan:
     place = None
     replica_devices: list[int] = []
     if plan.data_parallel is None:
-        place = _placement(graph, cluster, plan)
+        place = _placement(graph, cluster, plan, is_batch)
     else:
         replica_devices = [device_index(cluster, d, "data_parallel") for d in plan.data_parallel.devices]
     shards_of_layer = _splits(graph, cluster, plan, is_batch)
@@ -86,7 +86,7 @@ def resolve_plan(graph: OpGraph, cluster: Cluster, plan: Plan) -> ResolvedPlan:
     return ResolvedPlan(is_batch, place, replica_devices, shards_of_layer, wave_count, wave_fraction, stage_maps)
 
 
-def _placement(graph: OpGraph, cluster: Cluster, plan: Plan) -> list[int]:
+def _placement(graph: OpGraph, cluster: Cluster, plan: Plan, is_batch: list[bool]) -> list[int]:
     ops, placement, positions = graph.ops, plan.placement, _positions(cluster)
     try:
         place = [positions[placement[op.name]] for op in ops]
@@ -99,7 +99,10 @@ def _placement(graph: OpGraph, cluster: Cluster, plan: Plan) -> list[int]:
             f"{unknown[:3]}; it was made for another graph (fingerprint "
             f"{plan.graph_fingerprint or 'unknown'}, graph's {graph.fingerprint()}). Replan.")
     for group, members in colocation_groups(graph):
-        device = place[members[0]]
+        # A loop of a split layer that reads the group's variable runs as shards, each on its
+        # shard's device with the weights read for it: its own entry does not bind the group.
+        members = [i for i in members if not (is_batch[i] and ops[i].layer in plan.splits)]
+        device = place[members[0]] if members else None
         for i in members:
             if place[i] != device:
                 raise InvalidPlanError(
@@ -132,8 +135,9 @@ def _splits(graph: OpGraph, cluster: Cluster, plan: Plan, is_batch: list[bool]) 
             if is_batch[graph.index(name)] and not op.splittable:
                 raise InvalidPlanError(
                     f"layer {layer!r} cannot be split: its op {name!r}"
-                    f"{f' ({op.type})' if op.type else ''} has no batch "
-                    "axis (it couples the samples of a batch). Remove the split.")
+                    f"{f' ({op.type})' if op.type else ''} has no batch axis to split along (it couples "
+                    "the samples of a batch, draws random numbers, or, in a tf-keras model, reads its weights "
+                    "inside a loop). Remove the split.")
         shards_of_layer[layer] = tuple(
             (device_index(cluster, s.device, f"split of layer {layer!r}"), s.fraction) for s in shards)
     return shards_of_layer

@@ -35,14 +35,17 @@ Scheduler = Callable[[Mapping[str, Sequence[Shard]]], Plan]
 
 def splittable_layers(graph: OpGraph) -> set[str]:
     """Layers whose batch ops can all be split along the batch (and that have some). A batch
-    op in a colocation group (string ops kept on the host together) rules its layer out: its
-    shards would have to run on one device."""
+    op in a colocation group of host work (string ops kept on the host together) rules its
+    layer out: its shards would have to run on one device. One in a variable's group (a loop
+    that reads its weights inside) does not: each shard gets the weights read for it."""
     is_batch = batch_ops(graph)
+    anchored = {op.colocation for op in graph.ops if op.persistent_bytes and op.colocation}
     ok: dict[str, bool] = {}
     for i, op in enumerate(graph.ops):
         if op.layer is None or not is_batch[i]:
             continue
-        ok[op.layer] = ok.get(op.layer, True) and op.splittable and op.colocation is None
+        ok[op.layer] = ok.get(op.layer, True) and op.splittable and (op.colocation is None
+                                                                      or op.colocation in anchored)
     return {layer for layer, fine in ok.items() if fine}
 
 

@@ -280,9 +280,13 @@ class _Builder:
             return
         if not pb:
             src = self.single[r][p]
+            sent = self.tg.out_sizes[src][k] if k >= 0 else 0.0
+            if k >= 0 and not sent and ops[p].persistent_bytes:
+                # A variable's handle passed to a loop that reads it inside: a copy of the loop
+                # away from the variable computes with the weights read for it and sent over.
+                out, sent = Affine(float(ops[p].persistent_bytes), 0.0), float(ops[p].persistent_bytes)
             for w, targets in enumerate(self.copies[r][c]):
-                self._one_to_many(src, k, out, self.tg.out_sizes[src][k] if k >= 0 else 0.0,
-                                  targets, (p, k, r, w, self.signature[c]))
+                self._one_to_many(src, k, out, sent, targets, (p, k, r, w, self.signature[c]))
             return
         if not cb:
             sources = [task for per_wave in self.copies[r][p] for task in per_wave]

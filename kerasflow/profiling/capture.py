@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasflow import _compat
+from kerasflow.planner.graphtables import WEIGHT_READING_LOOPS
 from kerasflow.profiling.splittable import is_splittable
 
 __all__ = ["CapturedStep", "CapturedOp", "capture_step", "batch_spec", "last_op_id"]
@@ -342,6 +343,25 @@ def _assign_phases(captured: list[CapturedOp], group_layer: dict[str, str], opti
             op.phase = "backward"
             layers = {by_name[src].layer for src, _ in op.inputs}
             op.layer = layers.pop() if len(layers) == 1 else None
+    _seeds_of_layer_gradients(captured, by_name)
+
+
+def _seeds_of_layer_gradients(captured: list[CapturedOp], by_name: dict) -> None:
+    """The tape starts a loop's gradient with values it makes outside its scope (zeros for the
+    loop outputs nothing differentiates): such an op, used only by one layer's backward ops and
+    reading only that layer's values, belongs to that layer's backward pass, as each of the
+    layer's shards or waves makes its own."""
+    users: dict[str, list[CapturedOp]] = {}
+    for op in captured:
+        for source, _ in op.inputs:
+            users.setdefault(source, []).append(op)
+    for op in captured:
+        if op.phase != "other" or op.layer is not None or not users.get(op.name):
+            continue
+        layers = {user.layer for user in users[op.name] if user.phase == "backward"}
+        if (len(layers) == 1 and None not in layers and all(user.phase == "backward" for user in users[op.name])
+                and all(by_name[source].layer in layers for source, _ in op.inputs)):
+            op.phase, op.layer = "backward", layers.pop()
 
 
 def _layers_of_updates(captured: list[CapturedOp], group_layer: dict[str, str]) -> None:
@@ -372,7 +392,9 @@ def _batch_axes(captured: list[CapturedOp], layer_objects: dict) -> None:
         if op.phase not in ("forward", "backward") or "Random" in op.type or (
                 op.colocation or "").startswith(HOST_GROUP):
             continue  # random ops outside layers draw per call: never split either
+        layer = layer_objects.get(op.layer)
         if op.layer is None:
             op.batch_axis = 0  # losses and glue: per-sample work, reductions summed by the strategy
-        elif is_splittable(layer_objects.get(op.layer)):
-            op.batch_axis = 0
+        elif is_splittable(layer) and (op.colocation is None or op.type not in WEIGHT_READING_LOOPS
+                                       or _compat.can_read_weights_per_copy(layer)):
+            op.batch_axis = 0  # a loop bound to its weights splits only where they can be read per shard

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from kerasflow.planner.costmodel import METADATA_OP_TYPES
 from kerasflow.planner.graph import OpGraph
+from kerasflow.planner.graphtables import WEIGHT_READING_LOOPS, weight_bound_layers
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.tasknames import parse_copy_name
 from kerasflow.planner.toposort import topological_order
@@ -61,6 +62,8 @@ class PlanApplier:
         self.layer_of: dict[str, str] = {}
         self.scope_layer: dict[str, str | None] = {}
         self.op_type = {op.name: op.type for op in graph.ops if op.type} if graph is not None else {}
+        self.weight_bound_layers = weight_bound_layers(graph) if graph is not None else set()
+        self.loops = [op.name for op in graph.ops if op.type in WEIGHT_READING_LOOPS] if graph is not None else []
         if graph is not None:
             for op in graph.ops:
                 if op.layer is None:
@@ -131,7 +134,28 @@ class PlanApplier:
             replica = replica_of(name)
             return (plan.data_parallel.devices[replica] if 0 <= replica < len(plan.data_parallel.devices)
                     else None), False
+        return self._device_of_copy(*split_name(name), op_type)
+
+    def device_inside_loop(self, name: str) -> str | None:
+        """The planned device of an op inside a loop's body (``name`` as traced, which the
+        profile does not have): the device of the profiled loop whose name shares the most
+        scopes with it (a loop's body ops, and its gradient loop's, are named under its
+        scope), for the op's wave and shard; else the device of the op's layer."""
         base, wave, shard = split_name(name)
+        parts = base.split("/")
+        best, shared = None, 1
+        for loop in self.loops:
+            common = 0
+            for mine, theirs in zip(parts, loop.split("/")):
+                if mine != theirs:
+                    break
+                common += 1
+            if common > shared:
+                best, shared = loop, common
+        return self._device_of_copy(best if best is not None else base, wave, shard, None)[0]
+
+    def _device_of_copy(self, base: str, wave: int, shard: int, op_type: str | None) -> tuple[str | None, bool]:
+        plan = self.plan
         named = base in plan.placement and self.is_planned_op(base, op_type)
         device = None
         by_layer = False

@@ -143,17 +143,31 @@ def _last_step(partition_graphs) -> list:
 
 def _transfers(applier: PlanApplier, partition_graphs) -> list[ExecutedTransfer]:
     """The data each partition sends to another (control edges, which carry nothing, left out)."""
+    nodes = {node.name: node for partition in partition_graphs for node in partition.node}
     transfers = []
     for partition in partition_graphs:
         for node in partition.node:
             if node.op != "_Send" or node.input[0].startswith("^") or "/ctrl/" in node.input[0]:
                 continue
-            tensor = _strip_call(node.input[0]) or node.input[0]
+            tensor = _strip_call(_loop_value(node.input[0], nodes)) or node.input[0]
             tensor = tensor if ":" in tensor else tensor + ":0"
             transfers.append(ExecutedTransfer(tensor, normalize_device(node.attr["send_device"].s.decode()),
                                               normalize_device(node.attr["recv_device"].s.decode()),
                                               applier.tensor_bytes.get(tensor)))
     return transfers
+
+
+def _loop_value(tensor: str, nodes: dict) -> str:
+    """For a value leaving a loop TensorFlow lowered into frames (``Exit`` <- ``Switch`` <-
+    ``Merge`` <- ``Enter``), the traced tensor that entered the loop as that value (a loop
+    value keeps its shape, so it has that tensor's size); any other tensor as it is."""
+    name = tensor.split(":")[0]
+    for kind in ("Exit", "Switch", "Merge", "Enter"):
+        node = nodes.get(name)
+        if node is None or node.op != kind or not node.input:
+            return tensor
+        name = node.input[0].split(":")[0] if kind != "Enter" else node.input[0]
+    return name
 
 
 def _strip_call(name: str) -> str | None:

@@ -6,7 +6,10 @@ and a ``shard<i>`` name scope, and the outputs are concatenated, except for the 
 layer with the same shards, which takes them shard by shard (as the simulator connects
 them); autodiff gives gradients equal to the unsplit layer's. Then it runs the step, as is,
 as waves, or as data-parallel replicas, and hands every op of the trace that runs (TensorFlow
-prunes the others) to the ``PlanApplier``.
+prunes the others) to the ``PlanApplier``. A copy (shard or wave) of a layer whose loop reads
+its weights inside (an LSTM's) computes with the weights read for it, so it runs on its own
+device; the ops inside loop bodies, which the applier never sees, get their loop's planned
+device while they are made.
 
 Waves run the batch as micro-batches under ``wave<w>`` name scopes. Each wave's loss is
 scaled by its share of the batch, so the summed gradients are the whole batch's; one
@@ -112,11 +115,15 @@ def _split(t, sizes, batch):
     return t
 
 
-def split_call(original: Callable, shards, chains: _ShardChains | None = None) -> Callable:
+def split_call(original: Callable, shards, chains: _ShardChains | None = None,
+               weights_read_here: Callable[[], Any] | None = None) -> Callable:
     """``original`` (a layer's call) run as shards of the batch, outputs concatenated.
 
     Each input is cut once, under ``shard_inputs``, into its shards; an input that is a previous
     split layer's output under the same shard map is taken shard by shard from ``chains`` instead.
+    ``weights_read_here``, when given, makes a context inside which the layer computes with its
+    weights read by each shard on its device (a recurrent loop that reads its weights inside
+    would otherwise run where they live).
     """
     chains = chains if chains is not None else _ShardChains()
     signature = tuple((s.device, s.fraction) for s in shards)
@@ -136,11 +143,23 @@ def split_call(original: Callable, shards, chains: _ShardChains | None = None) -
             piece_args, piece_kwargs = tf.nest.map_structure(
                 lambda p, i=i: p.parts[i] if isinstance(p, _Pieces) else p, cut)
             with tf.device(shard.device), tf.name_scope(shard_scope(i)):
-                outputs.append(original(*piece_args, **piece_kwargs))
+                with weights_read_here() if weights_read_here is not None else contextlib.nullcontext():
+                    outputs.append(original(*piece_args, **piece_kwargs))
         with tf.name_scope(SHARD_OUTPUTS_SCOPE):
             joined = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *outputs)
         chains.record(joined, outputs, signature)
         return joined
+
+    return call
+
+
+def _with_weights_read_here(original: Callable, reads: Callable[[], Any]) -> Callable:
+    """``original`` (a layer's call) computing with its weights read where it runs: a wave's
+    copy of a recurrent loop runs on the wave's device, as the simulator copies it."""
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        with reads():
+            return original(*args, **kwargs)
 
     return call
 
@@ -183,23 +202,15 @@ class PlannedStep:
         graph = tf.compat.v1.get_default_graph()
         start = last_op_id(graph)
         plan = self.applier.plan
-        patched = []
-        chains = _ShardChains()
-        if not self.custom_step:
-            by_name = {layer.name: layer for layer in _compat.all_layers(self.model)}
-            for layer_name, shards in plan.splits.items():
-                layer = by_name.get(layer_name)
-                if layer is None:
-                    continue
-                patched.append((layer, layer.__dict__.get("call")))
-                object.__setattr__(layer, "call", split_call(layer.call, shards, chains))
+        patched = [] if self.custom_step else self._patch_layers(plan)
         try:
-            if plan.data_parallel is not None:
-                outputs = self._replicated(data)
-            elif plan.waves is not None and plan.waves.count > 1 and not self.custom_step:
-                outputs = self._waves(data)
-            else:
-                outputs = self.original(data)
+            with graph.device(functools.partial(self._device_inside_functions, graph)):
+                if plan.data_parallel is not None:
+                    outputs = self._replicated(data)
+                elif plan.waves is not None and plan.waves.count > 1 and not self.custom_step:
+                    outputs = self._waves(data)
+                else:
+                    outputs = self.original(data)
         finally:
             for layer, own in patched:
                 if own is None:
@@ -214,6 +225,36 @@ class PlannedStep:
                 captures[internal.op.name] = external.device
         self.applier.apply(new_ops, captures)
         return outputs
+
+    def _patch_layers(self, plan) -> list:
+        """Wraps the ``call`` of the plan's split layers (as shards) and, when the step runs as
+        waves, of the layers whose loops read their weights (read where each wave runs); returns
+        ``(layer, its own call attribute or None)`` for each, to put back after the trace."""
+        by_name = {layer.name: layer for layer in _compat.all_layers(self.model)}
+        bound = self.applier.weight_bound_layers
+        waves = plan.waves is not None and plan.waves.count > 1 and plan.data_parallel is None
+        chains = _ShardChains()
+        patched = []
+        for layer_name in set(plan.splits) | (bound if waves else set()):
+            layer = by_name.get(layer_name)
+            if layer is None:
+                continue
+            patched.append((layer, layer.__dict__.get("call")))
+            reads = functools.partial(_compat.weights_read_here, layer) if layer_name in bound else None
+            call = (split_call(layer.call, plan.splits[layer_name], chains, reads) if layer_name in plan.splits
+                    else _with_weights_read_here(layer.call, reads))
+            object.__setattr__(layer, "call", call)
+        return patched
+
+    def _device_inside_functions(self, step_graph, op) -> str:
+        """The device of an op made at trace time: the step's own ops keep theirs (the applier
+        places them once the step is traced); an op inside a loop's or a branch's body, which
+        the applier never sees, gets its planned device now (a device function, unlike a device
+        name, reaches into the bodies TensorFlow builds, the gradient loops of tape.gradient
+        included), unless a device scope already gave it one."""
+        if op.device or op.graph is step_graph:
+            return op.device
+        return self.applier.device_inside_loop(op.name) or ""
 
     def _waves(self, data):
         """One step as micro-batches whose scaled gradients are summed before one update."""

@@ -10,6 +10,7 @@ from kerasflow.planner import (
     Cluster, DataParallel, InvalidPlanError, OpGraph, Plan, Shard, Waves, lower_bound, simulate,
     synthetic,
 )
+from kerasflow.planner.graphtables import weight_bound_layers
 from kerasflow.planner.taskgraph import build_task_graph
 from tests.planner.helpers import cluster, op
 
@@ -187,6 +188,44 @@ def test_weights_are_copied_to_every_shard_and_gradients_summed():
     assert times["u"] == pytest.approx((3.5, 4.5))
     assert any(role == "sum" for role in result.task_role)
     assert result.link_bytes == {("/D:0", "/D:1"): 12.0, ("/D:1", "/D:0"): 8.0}
+
+
+def recurrent_graph(loop_type="While"):
+    # A variable v (24 B) whose handle (0 B) goes into the recurrent layer's time loop, which
+    # reads the weights inside and runs 1 s per sample on its input x (4 B per sample).
+    return OpGraph([
+        op("v", 0.0, [0], phase="other", persistent_bytes=24, colocation="v"),
+        op("x", 0.0, [(0, 4)], phase="other"),
+        op("loop", (0.0, 1.0), [(0, 4)], type=loop_type, layer="L", batch_axis=0, colocation="v"),
+        op("y", 0.0, []),
+    ], [("v", "loop", 0), ("x", "loop", 0), ("loop", "y", 0)], batch_size=2)
+
+
+def test_a_split_loop_that_reads_its_weights_gets_them_on_each_shards_device():
+    # The loop is copied per shard; D1's copy receives the 24 B of weights (3 s at 8 B/s), then
+    # its 4 B slice (0.5 s): loop@s1 3.5-4.5; its 4 B back 4.5-5.0; concat; y at 5.0.
+    c = cluster(2, bandwidth=8.0)
+    plan = Plan(placement={n: "/D:0" for n in ("v", "x", "loop", "y")},
+                splits={"L": [Shard("/D:0", 0.5), Shard("/D:1", 0.5)]})
+    result = simulate(recurrent_graph(), c, plan)
+    times = result.times()
+    assert times["loop@s0"] == pytest.approx((0.0, 1.0))
+    assert times["loop@s1"] == pytest.approx((3.5, 4.5))
+    assert result.makespan == pytest.approx(5.0)
+    assert result.link_bytes == {("/D:0", "/D:1"): 28.0, ("/D:1", "/D:0"): 4.0}
+    assert weight_bound_layers(recurrent_graph()) == {"L"}
+    assert weight_bound_layers(recurrent_graph("ResourceGather")) == set()
+
+
+def test_an_op_on_a_variable_that_is_no_loop_runs_once_where_the_variable_lives():
+    # A gather from the variable (no loop) is not copied: it runs whole on D0 (2 s) and only
+    # the layer's other ops would be split; nothing crosses.
+    c = cluster(2, bandwidth=8.0)
+    plan = Plan(placement={n: "/D:0" for n in ("v", "x", "loop", "y")},
+                splits={"L": [Shard("/D:0", 0.5), Shard("/D:1", 0.5)]})
+    result = simulate(recurrent_graph("ResourceGather"), c, plan)
+    assert result.times()["loop"] == pytest.approx((0.0, 2.0))
+    assert result.link_bytes == {}
 
 
 def test_waves_run_as_micro_batches_with_the_forward_offset():

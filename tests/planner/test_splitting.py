@@ -81,6 +81,17 @@ def test_a_layer_with_a_batch_op_pinned_in_a_group_is_not_splittable():
     assert splittable_layers(graph) == {"dense"}
 
 
+def test_a_recurrent_layer_whose_loop_reads_its_weights_is_splittable():
+    # the loop sits in its variable's group, yet each shard gets the weights read for it; a
+    # loop the profiler found no batch axis for (a tf-keras layer's) keeps its layer whole
+    def graph(axis):
+        return OpGraph([op("w", 0.0, [0], layer="lstm", phase="other", persistent_bytes=16, colocation="w"),
+                        op("loop", 1.0, [4], type="While", layer="lstm", batch_axis=axis, colocation="w")],
+                       [("w", "loop", 0)])
+    assert splittable_layers(graph(0)) == {"lstm"}
+    assert splittable_layers(graph(None)) == set()
+
+
 def test_critical_tasks_walk_back_from_the_last_task():
     graph = OpGraph([op("a", 1.0, [10]), op("b", 4.0, [10]), op("c", 1.0, [10]), op("d", 1.0)],
                     [("a", "b", 0), ("a", "c", 0), ("b", "d", 0), ("c", "d", 0)])

@@ -151,6 +151,19 @@ def test_gradients_of_a_shared_layer_are_summed_in_its_backward_pass():
     assert glue and all((op.phase, op.layer, op.batch_axis) == ("backward", None, 0) for op in glue)
 
 
+def test_the_values_the_tape_starts_a_loops_gradient_with_belong_to_its_layer():
+    # The LSTM's gradient loop starts from zeros the tape makes outside its scope (for the
+    # final states nothing differentiates): they belong to the layer's backward pass, as each
+    # of its shards makes its own; left without a layer, a split would send them over.
+    step = capture_step(models.lstm_model(keras), models.token_data())
+    loops = [op for op in step.ops if op.type in ("While", "StatelessWhile") and op.phase == "backward"]
+    assert loops
+    seeds = [op for op in step.ops if not op.name.startswith("gradient_tape/") and op.phase != "forward"
+             and any(source == op.name for loop in loops for source, _ in loop.inputs)]
+    assert seeds, "the gradient loop reads values made outside the tape's scope"
+    assert all((op.phase, op.layer) == ("backward", "lstm") for op in seeds), [(o.name, o.phase, o.layer) for o in seeds]
+
+
 def test_uncompiled_model_is_refused():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     with pytest.raises(ProfilingError, match="not compiled: call model.compile"):

@@ -80,6 +80,18 @@ def test_splits_and_waves_match_one_device(name, mode):
     assert strategy.plan is plan
 
 
+def test_a_split_recurrent_layer_matches_one_device_and_runs_where_planned():
+    # Each shard's time loop computes with the weights read for it on its device.
+    x, y = data_for("lstm")
+    strategy = kerasflow.FastTStrategy(verbose=0)
+    model = build_under(strategy, "lstm")
+    graph = kerasflow.profiling.profile_model(model, (x, y), batch_size=BATCH, steps=1, second_batch=False)
+    plan = heft(graph, CLUSTER, splits={"lstm": [Shard("/CPU:1", 0.5), Shard("/CPU:2", 0.5)]})
+    strategy.use_plan(plan)
+    assert fit(model, x, y) == pytest.approx(baseline("lstm"), rel=1e-5)
+    assert strategy.plan_in_force and strategy.placement_report() == []
+
+
 @pytest.mark.parametrize("name", ["mlp", "lstm"])
 def test_one_copy_data_parallelism_matches_one_device(name):
     x, y = data_for(name)

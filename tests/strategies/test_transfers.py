@@ -154,3 +154,55 @@ def test_a_sparse_gradient_is_gathered_as_simulated(text_classifier, kind):
     assert sent == simulated(graph, cluster, plan)
     # The rows went both ways: each device's 16 samples x 20 tokens x 16 floats at least.
     assert all(total >= BATCH // 2 * 20 * 16 * 4 for _, total in sent.values())
+
+
+@pytest.fixture(scope="module")
+def recurrent():
+    """A sequence classifier as the Keras text tutorials write it: the LSTM's time loop reads its
+    weights inside, so a copy of it away from the weights computes with weights read for it."""
+    keras.utils.set_random_seed(0)
+    strategy = kerasflow.FastTStrategy(devices=DEVICES, verbose=0)
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((6,), dtype="int32"),
+            keras.layers.Embedding(50, 8, name="embed"),
+            keras.layers.LSTM(8, name="lstm"),
+            keras.layers.Dense(3, name="logits"),
+        ])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(2)
+    tokens = tf.data.Dataset.from_tensor_slices((rng.integers(0, 50, (8 * BATCH, 6)).astype("int32"),
+                                                 rng.integers(0, 3, 8 * BATCH)))
+    data = tokens.batch(BATCH, drop_remainder=True)
+    model.fit(data, epochs=1, verbose=0)
+    return strategy, model, data, strategy.profile  # the profile every plan below is made for
+
+
+RECURRENT_PLAN_KINDS = {
+    "single device": PLAN_KINDS["single device"],
+    "layer-wise": PLAN_KINDS["layer-wise"],
+    "a split recurrent layer": lambda g, c: Plan(placement=on_first(g), splits={"lstm": halves()}, batch_size=BATCH),
+    "a split chain through the recurrent layer": lambda g, c: Plan(
+        placement=on_first(g), splits={"lstm": halves(), "logits": halves()}, batch_size=BATCH),
+    "hybrid (HEFT around a split recurrent layer)": lambda g, c: heft(g, c, batch_size=BATCH,
+                                                                      splits={"lstm": halves()}),
+    "waves": PLAN_KINDS["waves"],
+    "Tick-Tock model parallel": PLAN_KINDS["Tick-Tock model parallel"],
+    "one-copy data parallel": PLAN_KINDS["one-copy data parallel"],
+    "data parallel": PLAN_KINDS["data parallel"],
+    "Tick-Tock data parallel": PLAN_KINDS["Tick-Tock data parallel"],
+}
+
+
+@pytest.mark.parametrize("kind", list(RECURRENT_PLAN_KINDS))
+def test_a_recurrent_loop_runs_and_sends_as_simulated(recurrent, kind):
+    # Each copy of the loop (and of its gradient loop) runs whole on its planned device: before,
+    # a shard's loop or a loop on another device than the first ran its body on /CPU:0.
+    strategy, model, data, graph = recurrent
+    cluster = strategy.cluster
+    plan = RECURRENT_PLAN_KINDS[kind](graph, cluster)
+    strategy.use_plan(plan)
+    model.fit(data, epochs=1, verbose=0)
+    report = strategy.placement_report()
+    assert report.in_force and list(report) == [], report.summary()
+    assert executed(report) == simulated(graph, cluster, plan)
