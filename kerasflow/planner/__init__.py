@@ -39,7 +39,7 @@ from .simulator import SimulationResult, Transfer, simulate
 
 # Imported last: binds ``kerasflow.planner.plan`` to the function (the module stays
 # importable as ``kerasflow.planner.plan`` through sys.modules for ``Plan``).
-from .planning import plan  # noqa: E402
+from .planning import plan, ranked_plans  # noqa: E402
 from .onecopy import one_copy_data_parallel  # noqa: E402
 from .bounds import StepTimeBound, step_time_bound  # noqa: E402
 
@@ -48,7 +48,7 @@ __all__ = [
     "Device", "Link", "Cluster",
     "Shard", "Waves", "DataParallel", "Plan",
     "simulate", "SimulationResult", "Transfer",
-    "plan", "heft", "cpop",
+    "plan", "ranked_plans", "heft", "cpop",
     "single_device", "data_parallel", "one_copy_data_parallel", "layerwise_model_parallel", "lower_bound", "LowerBound",
     "step_time_bound", "StepTimeBound",
     "KerasflowError", "InvalidGraphError", "InvalidClusterError", "InvalidPlanError",

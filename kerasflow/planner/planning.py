@@ -33,7 +33,7 @@ from .ticktock import (
     batch_coupled_ops, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
 )
 
-__all__ = ["plan", "candidate_plans", "strongest_host", "order_if_faster", "CANDIDATES", "TICK_TOCK_MODES",
+__all__ = ["plan", "ranked_plans", "candidate_plans", "strongest_host", "order_if_faster", "CANDIDATES", "TICK_TOCK_MODES",
            "TIE_MARGIN"]
 
 TICK_TOCK_MODES = ("auto", "on", "off")
@@ -297,6 +297,31 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
         >>> best.predicted_step_time <= min(best.candidates.values()) * (1 + TIE_MARGIN)
         True
     """
+    return ranked_plans(graph, cluster, batch_size=batch_size, split=split, tick_tock=tick_tock,
+                        memory_limit=memory_limit, memory_headroom=memory_headroom,
+                        max_split_evaluations=max_split_evaluations, candidates=candidates, replicated=replicated,
+                        tie_margin=tie_margin, progress=progress, verbose=verbose)[0]
+
+
+def ranked_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None, split: bool = True,
+                 tick_tock: str = "auto", memory_limit: float | None = None,
+                 memory_headroom: float = DEFAULT_MEMORY_HEADROOM, max_split_evaluations: int = 48,
+                 candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True, tie_margin: float = TIE_MARGIN,
+                 progress: Callable[[str], None] | None = None, verbose=True) -> list[Plan]:
+    """Every candidate plan that fits, best first (arguments, errors and plans as for ``plan``).
+
+    The first is the plan ``plan`` returns; the others follow by predicted step time. Inside
+    ``fit``, a first plan that measures slower than the default placement gives way to the
+    second before kerasflow gives up.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> ranked = ranked_plans(synthetic.chain_mlp(layers=2), "2xK80-pcie", split=False, verbose=0)
+        >>> ranked[0].algorithm == plan(synthetic.chain_mlp(layers=2), "2xK80-pcie", split=False, verbose=0).algorithm
+        True
+        >>> [p.predicted_step_time for p in ranked[1:]] == sorted(p.predicted_step_time for p in ranked[1:])
+        True
+    """
     if isinstance(tie_margin, bool) or not isinstance(tie_margin, (int, float)) or not 0 <= tie_margin < 1:
         raise InvalidPlanError(f"tie_margin must be a fraction in [0, 1), such as 0.03. Received: "
                                f"tie_margin={tie_margin!r}")
@@ -312,5 +337,6 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
                 "batch, or a larger memory_limit. Details: " + " | ".join(misfits))
     fastest = min(p.predicted_step_time for p in results.values())
     best_name = next(n for n, p in results.items() if p.predicted_step_time <= fastest * (1 + tie_margin))
+    others = sorted((n for n in results if n != best_name), key=lambda n: results[n].predicted_step_time)
     figures = {name: p.predicted_step_time for name, p in results.items()}
-    return dataclasses.replace(results[best_name], algorithm=best_name, candidates=figures)
+    return [dataclasses.replace(results[name], algorithm=name, candidates=figures) for name in [best_name] + others]

@@ -19,8 +19,9 @@ placement, an order TensorFlow rejects) first drops the per-device order, then g
 to the default placement for that same call. A failure anywhere warns once, naming the
 cause, and training continues on the default placement (``default``). Five planned steps
 after the rebuild are timed; a plan they measure more than 5 % slower a step than the
-default placement measured when profiled is dropped the same way (unless
-``drop_slower_plan=False``).
+default placement measured when profiled gives way to the planner's runner-up (once), timed
+the same way, and a plan still slower is dropped the same way (unless
+``drop_slower_plan=False``, which keeps the first plan whatever it measures).
 
 A ``plan=`` given up front skips profiling: it is checked against the model after step 0
 and applied from step 1.
@@ -37,7 +38,7 @@ import tensorflow as tf
 
 from kerasflow import _compat
 from kerasflow.multihost import run_within, silent_tasks, task_of
-from kerasflow.planner import Cluster, OpGraph, Plan, plan as make_plan
+from kerasflow.planner import Cluster, OpGraph, Plan, ranked_plans
 from kerasflow.planner.errors import ClusterConnectionError, InvalidPlanError, KerasflowError
 from kerasflow.planner.ticktock import batch_coupled_ops
 from kerasflow.profiling.capture import capture_step
@@ -93,6 +94,8 @@ class Driver:
         self._homes_before: dict[str, str] = {}
         self._step_started = 0.0
         self._measured: list[float] | None = None
+        self._planned_from = 0  # the first step the plan in force runs (it retraces: not timed)
+        self._next_plan: Plan | None = None  # the runner-up, tried once if the plan measures slower
 
     # ------------------------------------------------------------------ attach
     def attach(self, model, verbose: Any = None) -> None:
@@ -207,6 +210,10 @@ class Driver:
             elif self.state == "planned" and self._measured is not None:
                 stage = "timing the planned step"
                 slower = self._measure_planned_step()
+                if slower is not None and self._next_plan is not None:
+                    stage = "switching to the next plan"
+                    self._try_next_plan(slower)
+                    slower = None
         except InvalidPlanError:
             raise
         except Exception as error:  # noqa: BLE001 - never lose the user's training
@@ -259,10 +266,12 @@ class Driver:
                 say=lambda message: say(f"kerasflow: {message}"), source="kerasflow in-fit profile")
         say(f"kerasflow: planning for {len(self.options.devices)} devices")
         custom = self._custom_step
-        plan = make_plan(self.graph, self.cluster(), split=self.options.split and not custom,
-                         tick_tock="off" if custom else self.options.tick_tock, memory_limit=self.options.memory_limit,
-                         max_split_evaluations=self.options.max_split_evaluations, replicated=self._may_replicate(),
-                         verbose=0 if self.reporter.quiet else self.options.verbose)
+        plan, *others = ranked_plans(
+            self.graph, self.cluster(), split=self.options.split and not custom,
+            tick_tock="off" if custom else self.options.tick_tock, memory_limit=self.options.memory_limit,
+            max_split_evaluations=self.options.max_split_evaluations, replicated=self._may_replicate(),
+            verbose=0 if self.reporter.quiet else self.options.verbose)
+        self._next_plan = others[0] if others and self.options.drop_slower_plan else None
         say("kerasflow: rebuilding the training step with the plan")
         self._use(plan)
         seconds = time.perf_counter() - started
@@ -315,8 +324,10 @@ class Driver:
             raise KerasflowError("A data-parallel plan runs kerasflow's own step per replica, and this model has its "
                                  f"own train_step. Received: a plan of {plan.algorithm!r}. Plan with "
                                  "replicated=False for this model.")
+        if self.state != "planned":  # a plan replacing another: the homes to go back to stay
+            self._homes_before = current_homes(self.model)
         self.plan = plan
-        self._homes_before = current_homes(self.model)
+        self._planned_from = self.step + 1
         move_variables(self.model, group_devices(plan, self.graph), creating=self.creating)
         self.replicas = None
         if plan.data_parallel is not None:
@@ -335,7 +346,7 @@ class Driver:
         """Times planned steps (the first one, which retraces, is left out), then says once what
         a step measured against the prediction and writes the TensorBoard scalars. Returns why
         the plan must be dropped when it measured slower than the default placement, else None."""
-        if self._read_back or self.step <= self._window()[1] + 1:
+        if self._read_back or self.step <= max(self._window()[1] + 1, self._planned_from):
             return None
         self._measured.append((time.perf_counter() - self._step_started) / _compat.steps_per_call(self.model))
         if len(self._measured) < self._MEASURED_STEPS:
@@ -352,6 +363,16 @@ class Driver:
             return (f"the plan measured {measured * 1e3:.2f} ms a step, {measured / profiled - 1:.0%} slower than "
                     f"the default placement's {profiled * 1e3:.2f} ms when profiled")
         return None
+
+    def _try_next_plan(self, slower: str) -> None:
+        """The plan in force measured slower than the default placement: the runner-up of the
+        planning replaces it (once), and is timed in its turn."""
+        following, self._next_plan = self._next_plan, None
+        self.report["plan_replaced"] = f"{self.plan.algorithm}: {slower}"
+        self.reporter.say(f"kerasflow: {slower}; trying the next plan, {following.algorithm} (predicted "
+                          f"{following.predicted_step_time * 1e3:.2f} ms)")
+        self._use(following)
+        self.report.update(algorithm=following.algorithm, predicted_step_time=following.predicted_step_time)
 
     def rebuild(self) -> None:
         """Retraces the train function with the plan, every call of it guarded."""
@@ -438,6 +459,7 @@ class Driver:
         self._trace = None
         self._read_back = False
         self._measured = None
+        self._next_plan = None
         self.state = "default"
         self.fallback = reason
         self.reporter.warn(warning)

@@ -265,10 +265,15 @@ def test_the_measured_step_is_per_train_step(monkeypatch, steps_per_execution):
 def fit_mlp_on_a_clock(monkeypatch, seconds_a_call, **options):
     """(callback, losses, kerasflow's warnings) of the MLP trained two epochs through the
     callback while the driver's clock says each train-function call lasts ``seconds_a_call``
-    (the profile times the default placement with the real clock: a few ms a step)."""
-    readings = iter(range(10**6))
-    monkeypatch.setattr(driver_module, "time",
-                        types.SimpleNamespace(perf_counter=lambda: seconds_a_call * next(readings)))
+    (seconds, or a function of the callback giving them; the profile times the default
+    placement with the real clock: a few ms a step)."""
+    now = [0.0]
+
+    def clock():
+        now[0] += seconds_a_call(callback) if callable(seconds_a_call) else seconds_a_call
+        return now[0]
+
+    monkeypatch.setattr(driver_module, "time", types.SimpleNamespace(perf_counter=clock))
     x, y = mlp_data()
     keras.utils.set_random_seed(7)
     model = models.mlp(keras, dropout=False)
@@ -300,6 +305,20 @@ def test_a_plan_measured_slower_than_the_default_placement_is_dropped(monkeypatc
     assert report.summary() == f"Plan not in force: training went back to the default placement ({reason})."
     assert callback.report["plan_dropped"] == reason
     # Training went on, on the default placement, with the model's math unchanged.
+    assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
+
+
+def test_a_plan_measured_slower_gives_way_to_the_runner_up_which_stays_when_faster(monkeypatch):
+    # Each planned step "lasts" 1 s until the first plan is replaced, then 1 us.
+    callback, losses, said = fit_mlp_on_a_clock(
+        monkeypatch, lambda callback: 1e-6 if "plan_replaced" in callback.report else 1.0)
+    first, reason = callback.report["plan_replaced"].split(": ", 1)
+    assert first in callback.report["candidates"] and reason.startswith("the plan measured 1000.00 ms a step")
+    assert callback.plan_in_force and said == [] and "plan_dropped" not in callback.report
+    assert callback.plan.algorithm not in (None, first)  # the runner-up is in force
+    assert callback.report["algorithm"] == callback.plan.algorithm
+    assert callback.report["measured_step_time"] == pytest.approx(1e-6)
+    assert callback.placement_report() == []
     assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
 
 
