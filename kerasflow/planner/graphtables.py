@@ -1,16 +1,16 @@
 """Per-graph tables the planner's modules read again and again, built once and memoised.
 
 A graph never changes, so what depends only on it (and on a batch size or a device class) is
-computed on first use and kept in the graph's structure cache: which ops are batch ops, its
-colocation groups, the task tables of a plan without copies, and op durations per device class.
+computed on first use and kept in the graph's structure cache: which ops are batch ops and
+which are folded into constants, its colocation groups, the task tables of a plan without copies, and op durations per device class.
 """
 
 from __future__ import annotations
 
 from .graph import OpGraph
 
-__all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "batch_ops", "weight_bound_layers", "colocation_groups",
-           "static_tables", "durations"]
+__all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "batch_ops", "folded_ops", "weight_bound_layers",
+           "colocation_groups", "static_tables", "durations"]
 
 BATCH_PHASES = ("forward", "backward")
 
@@ -43,6 +43,45 @@ def batch_ops(graph: OpGraph) -> list[bool]:
             for op in graph.ops
         ]
         graph._structure.cache["batch_ops"] = cached
+    return cached
+
+
+# Op types with state or side effects: TensorFlow's graph optimizer never folds them.
+_NEVER_FOLDED = ("Random", "Variable", "Resource", "Assign", "Iterator", "Placeholder", "Py", "While", "If",
+                 "Case", "PartitionedCall", "Stateful", "TensorList", "TensorArray", "Stack", "Queue", "Print",
+                 "Assert", "Save", "Restore", "Lookup", "Table", "Collective", "Send", "Recv", "Seed")
+
+
+def folded_ops(graph: OpGraph) -> list[bool]:
+    """Which ops TensorFlow's graph optimizer computes before the step runs (constant folding):
+    constants, and ops without state that read only such values (the loss's gradient seed,
+    broadcast to the batch). A chain of them becomes one constant where its last op is placed:
+    nothing passes between them, and its value is sent to the ops that read it as any other.
+
+    Example:
+        >>> from kerasflow.planner import Op
+        >>> out = {"output_bytes": [4]}
+        >>> graph = OpGraph([Op("one", "Const", **out), Op("batch", "Placeholder", **out), Op("tiled", "Tile", **out),
+        ...                  Op("scaled", "Mul")], [("one", "tiled", 0), ("batch", "scaled", 0), ("tiled", "scaled", 0)])
+        >>> folded_ops(graph)
+        [True, False, True, False]
+    """
+    cached = graph._structure.cache.get("folded")
+    if cached is None:
+        ops, inputs = graph.ops, {}
+        for edge in graph.edges:
+            if edge.output is not None:
+                inputs.setdefault(edge.dst, []).append(edge.src)
+        position = {op.name: i for i, op in enumerate(ops)}
+        cached = [False] * len(ops)
+        for i in graph._structure.topo:
+            op = ops[i]
+            sources = inputs.get(op.name, [])
+            cached[i] = op.type == "Const" or bool(
+                sources and not op.persistent_bytes and op.colocation is None
+                and not any(word in op.type for word in _NEVER_FOLDED)
+                and all(cached[position[source]] for source in sources))
+        graph._structure.cache["folded"] = cached
     return cached
 
 
@@ -84,8 +123,16 @@ def static_tables(graph: OpGraph, batch: float) -> dict:
     s = graph._structure
     n = len(ops)
     out_sizes = [tuple(b.fixed + b.per_sample * batch for b in op.output_bytes) for op in ops]
-    outputs = [[(k, out_sizes[i][k] if k >= 0 else 0.0, consumers) for k, consumers in s.outputs[i]]
-               for i in range(n)]
+    folded = folded_ops(graph)
+    outputs = []
+    for i in range(n):
+        entries = []
+        for k, consumers in s.outputs[i]:
+            inside = [c for c in consumers if folded[i] and folded[c]]  # folded away together
+            read = [c for c in consumers if not (folded[i] and folded[c])]
+            entries += [(k, out_sizes[i][k] if k >= 0 else 0.0, read)] if read else []
+            entries += [(k, 0.0, inside)] if inside else []
+        outputs.append(entries)
     rank = [0] * n
     for position, i in enumerate(s.topo):
         rank[i] = position

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from .cluster import Cluster
 from .graph import Affine, OpGraph
-from .graphtables import durations, static_tables
+from .graphtables import durations, folded_ops, static_tables
 from .plan import Plan
 from .planchecks import attach_orders, resolve_plan
 from .ring import FUSION_BUFFER_BYTES, fusion_buffers
@@ -150,6 +150,7 @@ class _Builder:
     def build(self) -> TaskGraph:
         checked = resolve_plan(self.graph, self.cluster, self.plan)
         self.is_batch, self.place, self.replica_devices = checked.is_batch, checked.place, checked.replica_devices
+        self.folded = folded_ops(self.graph)
         self.shards_of_layer, self.stage_maps = checked.shards_of_layer, checked.stage_maps
         self.wave_count, self.wave_fraction = checked.wave_count, checked.wave_fraction
         plan = self.plan
@@ -192,6 +193,8 @@ class _Builder:
 
     def _edge(self, p: int, k: int, nbytes: float, c: int) -> None:
         tg = self.tg
+        if tg.base[p] >= 0 and tg.base[c] >= 0 and self.folded[tg.base[p]] and self.folded[tg.base[c]]:
+            nbytes = 0.0  # folded into one constant with its consumer: nothing passes between them
         for entry in tg.outputs[p]:
             if entry[0] == k and entry[1] == nbytes:
                 entry[2].append(c)

@@ -228,6 +228,21 @@ def test_an_op_on_a_variable_that_is_no_loop_runs_once_where_the_variable_lives(
     assert result.link_bytes == {}
 
 
+def test_a_chain_folded_into_a_constant_sends_only_its_last_value():
+    # one (Const) -> tiled -> expanded: TensorFlow folds the chain into one constant where
+    # "expanded" is placed (D0), so nothing passes from "tiled" (D1); its 8 B still go to
+    # "scaled" on D1, which also reads the batch x (not a constant).
+    graph = OpGraph([
+        op("one", 0.0, [4], type="Const"), op("x", 0.0, [8], type="Placeholder"),
+        op("tiled", 0.0, [8], type="Tile"), op("expanded", 0.0, [8], type="ExpandDims"),
+        op("scaled", 1.0, [8], type="Mul"),
+    ], [("one", "tiled", 0), ("tiled", "expanded", 0), ("expanded", "scaled", 0), ("x", "scaled", 0)])
+    plan = Plan(placement={"one": "/D:1", "x": "/D:1", "tiled": "/D:1", "expanded": "/D:0", "scaled": "/D:1"})
+    result = simulate(graph, cluster(2, bandwidth=8.0), plan)
+    assert {pair: sent for pair, sent in result.link_bytes.items() if sent} == {("/D:0", "/D:1"): 8.0}
+    assert result.makespan == pytest.approx(2.0)  # 8 B at 8 B/s, then scaled's 1 s
+
+
 def test_waves_run_as_micro_batches_with_the_forward_offset():
     # f (forward) and b (backward) cost 1 s/sample; batch 2 as two waves of 1 sample.
     # Wave 1's forward waits for wave 0's forward; the earlier wave goes first when both

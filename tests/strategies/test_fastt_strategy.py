@@ -191,7 +191,7 @@ def test_a_planning_failure_warns_once_and_training_goes_on(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("planner exploded")
 
-    monkeypatch.setattr(driver, "make_plan", broken)
+    monkeypatch.setattr(driver, "ranked_plans", broken)
     x, y = data_for("mlp")
     strategy = kerasflow.FastTStrategy(verbose=0)
     with warnings.catch_warnings(record=True) as caught:
