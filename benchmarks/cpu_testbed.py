@@ -79,6 +79,7 @@ def worker(setup: str, model_name: str, steps: int) -> dict:
         result["predicted"] = strategy.plan.predicted_step_time if strategy.plan and not dropped else None
         result["algorithm"] = strategy.plan.algorithm if strategy.plan else "failed"
         result["dropped"] = dropped
+        result["replaced"] = strategy.report.get("plan_replaced", "").split(": ")[0] or None
         result["one_time"] = float(durations[first_planned - 1] + durations[first_planned] - 2 * np.median(steady))
     else:
         steady = durations[5:]
@@ -139,10 +140,12 @@ def main() -> None:
 
 
 def _plans(runs: list[dict]) -> str:
-    """The plans the rounds ran: one name when they agree, else each with its count."""
+    """The plans the rounds ran ("a > b": plan a measured slower and gave way to the runner-up b):
+    one name when they agree, else each with its count."""
     counts: dict[str, int] = {}
     for run in runs:
-        counts[run["algorithm"]] = counts.get(run["algorithm"], 0) + 1
+        name = f"{run['replaced']} > {run['algorithm']}" if run.get("replaced") else run["algorithm"]
+        counts[name] = counts.get(name, 0) + 1
     if len(counts) == 1:
         return next(iter(counts))
     return ", ".join(f"{name} x{count}" for name, count in sorted(counts.items(), key=lambda item: -item[1]))
