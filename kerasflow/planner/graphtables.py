@@ -2,15 +2,16 @@
 
 A graph never changes, so what depends only on it (and on a batch size or a device class) is
 computed on first use and kept in the graph's structure cache: which ops are batch ops and
-which are folded into constants, its colocation groups, the task tables of a plan without copies, and op durations per device class.
+which are folded into constants, its colocation groups (and those of a variable), the task
+tables of a plan without copies, and op durations per device class.
 """
 
 from __future__ import annotations
 
 from .graph import OpGraph
 
-__all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "batch_ops", "folded_ops", "weight_bound_layers",
-           "colocation_groups", "static_tables", "durations"]
+__all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "batch_ops", "folded_ops", "variable_groups",
+           "weight_bound_layers", "colocation_groups", "static_tables", "durations"]
 
 BATCH_PHASES = ("forward", "backward")
 
@@ -36,7 +37,7 @@ def batch_ops(graph: OpGraph) -> list[bool]:
     """
     cached = graph._structure.cache.get("batch_ops")
     if cached is None:
-        anchored = {op.colocation for op in graph.ops if op.persistent_bytes and op.colocation}
+        anchored = variable_groups(graph)
         cached = [
             op.phase in BATCH_PHASES and not op.persistent_bytes
             and (op.colocation not in anchored or op.type in WEIGHT_READING_LOOPS)
@@ -94,9 +95,25 @@ def weight_bound_layers(graph: OpGraph) -> set[str]:
         >>> weight_bound_layers(synthetic.chain_mlp(layers=1))
         set()
     """
-    anchored = {op.colocation for op in graph.ops if op.persistent_bytes and op.colocation}
+    anchored = variable_groups(graph)
     return {op.layer for op, copied in zip(graph.ops, batch_ops(graph))
             if copied and op.layer is not None and op.colocation in anchored}
+
+
+def variable_groups(graph: OpGraph) -> frozenset[str]:
+    """The colocation groups that hold a variable (an op with persistent bytes): the variable,
+    its reads and its updates, as opposed to groups of host work such as string ops.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> sorted(variable_groups(synthetic.chain_mlp(layers=1)))
+        ['dense_0/kernel']
+    """
+    cached = graph._structure.cache.get("variable_groups")
+    if cached is None:
+        cached = frozenset(op.colocation for op in graph.ops if op.persistent_bytes and op.colocation)
+        graph._structure.cache["variable_groups"] = cached
+    return cached
 
 
 def colocation_groups(graph: OpGraph) -> list[tuple[str, list[int]]]:

@@ -24,7 +24,7 @@ from .graph import OpGraph
 from .plan import Plan, Shard
 from .ranks import predecessors
 from .simulator import SimulationResult, run_task_graph
-from .graphtables import batch_ops
+from .graphtables import batch_ops, variable_groups
 from .taskgraph import TaskGraph, build_task_graph
 
 __all__ = ["splittable_layers", "layer_weight_bytes", "split_pays", "critical_tasks", "split_search",
@@ -39,7 +39,7 @@ def splittable_layers(graph: OpGraph) -> set[str]:
     layer out: its shards would have to run on one device. One in a variable's group (a loop
     that reads its weights inside) does not: each shard gets the weights read for it."""
     is_batch = batch_ops(graph)
-    anchored = {op.colocation for op in graph.ops if op.persistent_bytes and op.colocation}
+    anchored = variable_groups(graph)
     ok: dict[str, bool] = {}
     for i, op in enumerate(graph.ops):
         if op.layer is None or not is_batch[i]:

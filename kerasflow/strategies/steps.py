@@ -235,7 +235,7 @@ class PlannedStep:
         waves = plan.waves is not None and plan.waves.count > 1 and plan.data_parallel is None
         chains = _ShardChains()
         patched = []
-        for layer_name in set(plan.splits) | (bound if waves else set()):
+        for layer_name in sorted(set(plan.splits) | (bound if waves else set())):
             layer = by_name.get(layer_name)
             if layer is None:
                 continue

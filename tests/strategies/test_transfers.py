@@ -106,16 +106,22 @@ def simulated(graph, cluster, plan):
                     if t.output >= 0 and t.bytes > SCALAR_BYTES and t.task not in inputs)
 
 
+def sends_as_simulated(strategy, model, data, graph, plan):
+    """Trains an epoch of ``data`` on ``plan``: every op where planned, and the executed step's
+    transfers (returned) equal the simulated step's."""
+    strategy.use_plan(plan)
+    model.fit(data, epochs=1, verbose=0)
+    report = strategy.placement_report()
+    assert report.in_force and list(report) == [], report.summary()
+    sent = executed(report)
+    assert sent == simulated(graph, strategy.cluster, plan)
+    return sent
+
+
 @pytest.mark.parametrize("kind", list(PLAN_KINDS))
 def test_the_executed_step_sends_what_the_simulated_step_sends(trained, kind):
     strategy, model, graph = trained
-    cluster = strategy.cluster
-    plan = PLAN_KINDS[kind](graph, cluster)
-    strategy.use_plan(plan)
-    model.fit(dataset(), epochs=1, verbose=0)
-    report = strategy.placement_report()
-    assert report.in_force and list(report) == [], report.summary()
-    assert executed(report) == simulated(graph, cluster, plan)
+    sends_as_simulated(strategy, model, dataset(), graph, PLAN_KINDS[kind](graph, strategy.cluster))
 
 
 @pytest.fixture(scope="module")
@@ -144,14 +150,7 @@ def text_classifier():
 @pytest.mark.parametrize("kind", ["data parallel", "Tick-Tock data parallel"])
 def test_a_sparse_gradient_is_gathered_as_simulated(text_classifier, kind):
     strategy, model, data, graph = text_classifier
-    cluster = strategy.cluster
-    plan = PLAN_KINDS[kind](graph, cluster)
-    strategy.use_plan(plan)
-    model.fit(data, epochs=1, verbose=0)
-    report = strategy.placement_report()
-    assert report.in_force and list(report) == [], report.summary()
-    sent = executed(report)
-    assert sent == simulated(graph, cluster, plan)
+    sent = sends_as_simulated(strategy, model, data, graph, PLAN_KINDS[kind](graph, strategy.cluster))
     # The rows went both ways: each device's 16 samples x 20 tokens x 16 floats at least.
     assert all(total >= BATCH // 2 * 20 * 16 * 4 for _, total in sent.values())
 
@@ -199,10 +198,4 @@ def test_a_recurrent_loop_runs_and_sends_as_simulated(recurrent, kind):
     # Each copy of the loop (and of its gradient loop) runs whole on its planned device: before,
     # a shard's loop or a loop on another device than the first ran its body on /CPU:0.
     strategy, model, data, graph = recurrent
-    cluster = strategy.cluster
-    plan = RECURRENT_PLAN_KINDS[kind](graph, cluster)
-    strategy.use_plan(plan)
-    model.fit(data, epochs=1, verbose=0)
-    report = strategy.placement_report()
-    assert report.in_force and list(report) == [], report.summary()
-    assert executed(report) == simulated(graph, cluster, plan)
+    sends_as_simulated(strategy, model, data, graph, RECURRENT_PLAN_KINDS[kind](graph, strategy.cluster))
