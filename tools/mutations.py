@@ -63,6 +63,14 @@ MUTATIONS = [
     Mutation("split ops in the bound counted whole", "kerasflow/planner/bounds.py",
              "        return self.fixed[i] + self.per_batch[i] / micro_batches / (self.count if self.splits[i] else 1)",
              "        return self.fixed[i] + self.per_batch[i] / micro_batches"),
+    Mutation("a remote copy of a loop that reads its weights gets none", "kerasflow/planner/taskgraph.py",
+             "                out, sent = Affine(float(ops[p].persistent_bytes), 0.0), float(ops[p].persistent_bytes)",
+             "                pass"),
+    Mutation("a loop that reads its weights runs once", "kerasflow/planner/graphtables.py",
+             "            and (op.colocation not in anchored or op.type in WEIGHT_READING_LOOPS)",
+             "            and op.colocation not in anchored"),
+    Mutation("a folded chain sends its inner values", "kerasflow/planner/graphtables.py",
+             "    folded = folded_ops(graph)", "    folded = [False] * n"),
 ]
 
 
