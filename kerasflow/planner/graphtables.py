@@ -67,22 +67,23 @@ def folded_ops(graph: OpGraph) -> list[bool]:
         >>> folded_ops(graph)
         [True, False, True, False]
     """
-    cached = graph._structure.cache.get("folded")
+    structure = graph._structure
+    cached = structure.cache.get("folded")
     if cached is None:
-        ops, inputs = graph.ops, {}
-        for edge in graph.edges:
-            if edge.output is not None:
-                inputs.setdefault(edge.dst, []).append(edge.src)
-        position = {op.name: i for i, op in enumerate(ops)}
-        cached = [False] * len(ops)
-        for i in graph._structure.topo:
-            op = ops[i]
-            sources = inputs.get(op.name, [])
+        sources: list[list[int]] = [[] for _ in graph.ops]
+        for i, outputs in enumerate(structure.outputs):
+            for k, consumers in outputs:
+                if k >= 0:  # data, not control
+                    for c in consumers:
+                        sources[c].append(i)
+        cached = [False] * len(graph.ops)
+        for i in structure.topo:
+            op = graph.ops[i]
             cached[i] = op.type == "Const" or bool(
-                sources and not op.persistent_bytes and op.colocation is None
+                sources[i] and not op.persistent_bytes and op.colocation is None
                 and not any(word in op.type for word in _NEVER_FOLDED)
-                and all(cached[position[source]] for source in sources))
-        graph._structure.cache["folded"] = cached
+                and all(cached[source] for source in sources[i]))
+        structure.cache["folded"] = cached
     return cached
 
 

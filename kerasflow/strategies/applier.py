@@ -20,6 +20,7 @@ so an extra op shifts the numbers), is left out of the order and named by ``plac
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import tensorflow as tf
@@ -63,7 +64,8 @@ class PlanApplier:
         self.scope_layer: dict[str, str | None] = {}
         self.op_type = {op.name: op.type for op in graph.ops if op.type} if graph is not None else {}
         self.weight_bound_layers = weight_bound_layers(graph) if graph is not None else set()
-        self.loops = [op.name for op in graph.ops if op.type in WEIGHT_READING_LOOPS] if graph is not None else []
+        self.loops = [(op.name, op.name.split("/")) for op in graph.ops
+                      if op.type in WEIGHT_READING_LOOPS] if graph is not None else []
         if graph is not None:
             for op in graph.ops:
                 if op.layer is None:
@@ -144,12 +146,8 @@ class PlanApplier:
         base, wave, shard = split_name(name)
         parts = base.split("/")
         best, shared = None, 1
-        for loop in self.loops:
-            common = 0
-            for mine, theirs in zip(parts, loop.split("/")):
-                if mine != theirs:
-                    break
-                common += 1
+        for loop, scopes in self.loops:
+            common = len(os.path.commonprefix([parts, scopes]))
             if common > shared:
                 best, shared = loop, common
         return self._device_of_copy(best if best is not None else base, wave, shard, None)[0]
