@@ -71,6 +71,12 @@ MUTATIONS = [
              "            and op.colocation not in anchored"),
     Mutation("a folded chain sends its inner values", "kerasflow/planner/graphtables.py",
              "    folded = folded_ops(graph)", "    folded = [False] * n"),
+    Mutation("the tie margin ignores the profile's noise", "kerasflow/planner/planning.py",
+             "    return round(min(MAX_TIE_MARGIN, max(TIE_MARGIN, NOISE_TIES * spread)), 6)",
+             "    return TIE_MARGIN"),
+    Mutation("the tie margin is not capped", "kerasflow/planner/planning.py",
+             "    return round(min(MAX_TIE_MARGIN, max(TIE_MARGIN, NOISE_TIES * spread)), 6)",
+             "    return round(max(TIE_MARGIN, NOISE_TIES * spread), 6)"),
 ]
 
 

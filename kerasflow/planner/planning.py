@@ -15,6 +15,7 @@ candidate's.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from typing import Callable
 
@@ -33,8 +34,8 @@ from .ticktock import (
     batch_coupled_ops, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
 )
 
-__all__ = ["plan", "ranked_plans", "candidate_plans", "strongest_host", "order_if_faster", "CANDIDATES",
-           "TICK_TOCK_MODES", "TIE_MARGIN"]
+__all__ = ["plan", "ranked_plans", "candidate_plans", "strongest_host", "order_if_faster", "tie_margin_for",
+           "CANDIDATES", "TICK_TOCK_MODES", "TIE_MARGIN", "NOISE_TIES", "MAX_TIE_MARGIN"]
 
 TICK_TOCK_MODES = ("auto", "on", "off")
 
@@ -42,6 +43,17 @@ TICK_TOCK_MODES = ("auto", "on", "off")
 # apart one way and 1 % apart the other: a tie within measurement noise. Among candidates
 # this close to the fastest, the simpler one (fewer devices to coordinate, fewer copies) wins.
 TIE_MARGIN = 0.03
+
+# A profile's plain step times spread (interquartile range over median) by a few per cent on a
+# loaded machine, and near-tied candidates trade places from one profile to the next by about
+# twice that: on this project's 2-core machine (2026-12-02) the testbed MLP's HEFT and
+# layer-wise plans swapped places by up to 6.8 % between profiles whose plain steps spread by 3
+# to 8 %. With a fixed 3 % margin five profiles gave the MLP three different plans and the
+# Transformer three; tied within twice each profile's spread, one each
+# (``benchmarks/plan_stability.py``). The margin stops at MAX_TIE_MARGIN: a plan predicted that
+# much faster is taken however noisy the profile.
+NOISE_TIES = 2.0
+MAX_TIE_MARGIN = 0.15
 
 CANDIDATES = ("single_device", "data_parallel", "data_parallel_one_host", "layerwise_model_parallel", "heft",
               "heft-layers", "cpop", "cpop-layers")
@@ -138,6 +150,32 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
             "Ways out: more devices, a smaller batch, Tick-Tock waves (tick_tock='on'), or a larger "
             "memory_limit. Details: " + " | ".join(misfits))
     return results, misfits
+
+
+def tie_margin_for(graph: OpGraph) -> float:
+    """The tie margin for a profile: ``NOISE_TIES`` times the spread of its plain step times
+    (``metadata["plain_step_spread"]``, which kerasflow's profiler records), at least
+    ``TIE_MARGIN`` and at most ``MAX_TIE_MARGIN``; ``TIE_MARGIN`` for a graph without it.
+
+    Raises:
+        InvalidPlanError: ``plain_step_spread`` is not a non-negative number.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> tie_margin_for(synthetic.chain_mlp(layers=1))  # no measured noise
+        0.03
+        >>> graph = synthetic.chain_mlp(layers=1)
+        >>> tie_margin_for(OpGraph(graph.ops, graph.edges, metadata={"plain_step_spread": 0.04}))
+        0.08
+    """
+    spread = graph.metadata.get("plain_step_spread")
+    if spread is None:
+        return TIE_MARGIN
+    if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not math.isfinite(spread) or spread < 0:
+        raise InvalidPlanError(f"The profile's metadata['plain_step_spread'] must be a non-negative number (the "
+                               f"interquartile range of its plain step times over their median). Received: "
+                               f"plain_step_spread={spread!r}. Fix or remove it, or pass tie_margin=.")
+    return round(min(MAX_TIE_MARGIN, max(TIE_MARGIN, NOISE_TIES * spread)), 6)
 
 
 def _waves_wanted(graph: OpGraph, tick_tock: str) -> bool:
@@ -258,7 +296,7 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
          tick_tock: str = "auto", memory_limit: float | None = None,
          memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
          max_split_evaluations: int = 48, candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True,
-         tie_margin: float = TIE_MARGIN, progress: Callable[[str], None] | None = None, verbose=True) -> Plan:
+         tie_margin: float | None = None, progress: Callable[[str], None] | None = None, verbose=True) -> Plan:
     """Computes the fastest plan for one training step of ``graph`` on ``cluster``.
 
     Args:
@@ -278,6 +316,7 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
             parallelism); ``FastTStrategy`` runs one replica and passes False.
         tie_margin: candidates predicted within this fraction of the fastest count as tied,
             and the first of them in trial order (the simplest) wins; 0 keeps the fastest.
+            None (the default): ``tie_margin_for(graph)``, from the profile's own noise.
         progress: called with each candidate's name when it is done.
         verbose: show a progress bar on stderr (only on a terminal; 0 or False: never).
 
@@ -289,7 +328,8 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
     Raises:
         InsufficientMemoryError: no strategy fits the devices' memory; the message says
             how much was needed and what to do.
-        InvalidPlanError: an unknown candidate name, or a ``tie_margin`` outside [0, 1).
+        InvalidPlanError: an unknown candidate name, a ``tie_margin`` outside [0, 1), or a
+            profile whose ``plain_step_spread`` is not a non-negative number.
 
     Example:
         >>> from kerasflow.planner import synthetic
@@ -306,7 +346,7 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
 def ranked_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None, split: bool = True,
                  tick_tock: str = "auto", memory_limit: float | None = None,
                  memory_headroom: float = DEFAULT_MEMORY_HEADROOM, max_split_evaluations: int = 48,
-                 candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True, tie_margin: float = TIE_MARGIN,
+                 candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True, tie_margin: float | None = None,
                  progress: Callable[[str], None] | None = None, verbose=True) -> list[Plan]:
     """Every candidate plan that fits, best first (arguments, errors and plans as for ``plan``).
 
@@ -322,9 +362,11 @@ def ranked_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | No
         >>> [p.predicted_step_time for p in ranked[1:]] == sorted(p.predicted_step_time for p in ranked[1:])
         True
     """
-    if isinstance(tie_margin, bool) or not isinstance(tie_margin, (int, float)) or not 0 <= tie_margin < 1:
-        raise InvalidPlanError(f"tie_margin must be a fraction in [0, 1), such as 0.03. Received: "
-                               f"tie_margin={tie_margin!r}")
+    if tie_margin is None:
+        tie_margin = tie_margin_for(graph)
+    elif isinstance(tie_margin, bool) or not isinstance(tie_margin, (int, float)) or not 0 <= tie_margin < 1:
+        raise InvalidPlanError(f"tie_margin must be a fraction in [0, 1), such as 0.03, or None (from the "
+                               f"profile's noise). Received: tie_margin={tie_margin!r}")
     results, misfits = candidate_plans(
         graph, cluster, batch_size=batch_size, split=split, tick_tock=tick_tock, memory_limit=memory_limit,
         memory_headroom=memory_headroom, max_split_evaluations=max_split_evaluations, candidates=candidates,

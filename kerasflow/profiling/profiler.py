@@ -26,7 +26,13 @@ from kerasflow.profiling.capture import CapturedStep, capture_step
 from kerasflow.profiling.xplane import KernelTimes, StepProfiler, attribute
 
 __all__ = ["profile_model", "profile_training_step", "first_batch", "check_model", "build_graph", "profile_step", "half_batch",
-           "snapshot_variables", "restore_variables", "with_dispatch_overhead", "time_step"]
+           "snapshot_variables", "restore_variables", "with_dispatch_overhead", "time_step", "step_spread", "PLAIN_RUNS"]
+
+# Unprofiled runs timed for the plain step time, whatever the number of profiled steps: they
+# cost one step each, and their median (the default placement's step, which fit compares a
+# plan against) and spread (how noisy this machine is now, which sets the planner's tie
+# margin) need more samples than the three profiled steps fit spends by default.
+PLAIN_RUNS = 10
 
 
 def check_model(model: Any) -> None:
@@ -109,16 +115,16 @@ def _run_once(step: CapturedStep, batch: tuple, profiler: StepProfiler | None = 
 
 def profile_step(step: CapturedStep, batch: tuple, warmup_steps: int, steps: int, device: str,
                  quiet: bool = False) -> tuple:
-    """Runs the traced step ``warmup_steps`` times unmeasured, ``steps`` times plain, then
-    ``steps`` times profiled.
+    """Runs the traced step ``warmup_steps`` times unmeasured, ``PLAIN_RUNS`` times plain (at
+    least ``steps``), then ``steps`` times profiled.
 
     Returns:
-        ``(attribution, plain seconds per step, profiled seconds per step)``.
+        ``(attribution, each plain run's seconds, profiled seconds per step)``.
     """
     with tf.device(device):
         for _ in range(max(warmup_steps, 0)):
             step.function(batch)
-        plain = [_run_once(step, batch) for _ in range(steps)]
+        plain = [_run_once(step, batch) for _ in range(max(steps, PLAIN_RUNS))]
         profiler = StepProfiler(quiet=quiet)
         profiler.start()
         try:
@@ -126,7 +132,7 @@ def profile_step(step: CapturedStep, batch: tuple, warmup_steps: int, steps: int
         finally:
             times = profiler.stop()
     result = attribute(times, step.by_name(), {op.name: op.flops for op in step.ops})
-    return result, float(np.median(plain)), float(np.median(profiled))
+    return result, plain, float(np.median(profiled))
 
 
 _NOT_EXECUTED = ("Placeholder", "Const", "NoOp")
@@ -154,11 +160,23 @@ def with_dispatch_overhead(seconds: dict[str, float], step: CapturedStep, plain_
     return adjusted, per_op
 
 
-def time_step(step: CapturedStep, batch: tuple, steps: int, device: str) -> float:
-    """Median wall time of ``steps`` unprofiled runs of the traced step (after one warm-up)."""
+def time_step(step: CapturedStep, batch: tuple, steps: int, device: str) -> list[float]:
+    """The wall seconds of ``PLAIN_RUNS`` (at least ``steps``) unprofiled runs of the traced step,
+    after one warm-up."""
     with tf.device(device):
         step.function(batch)
-        return float(np.median([_run_once(step, batch) for _ in range(steps)]))
+        return [_run_once(step, batch) for _ in range(max(steps, PLAIN_RUNS))]
+
+
+def step_spread(seconds: list[float]) -> float:
+    """How noisy a step's timings are: their interquartile range over their median.
+
+    Example:
+        >>> step_spread([1.0, 2.0, 3.0, 4.0, 5.0])  # quartiles 2 and 4, median 3
+        0.6667
+    """
+    low, middle, high = np.percentile(seconds, [25, 50, 75])
+    return round(float((high - low) / middle), 4) if middle > 0 else 0.0
 
 
 def _affine(value_big: float, batch_big: int, value_small: float | None, batch_small: int | None) -> Affine:
@@ -302,15 +320,17 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
             if kernel_times is not None:
                 result = attribute(kernel_times, big.by_name(), {op.name: op.flops for op in big.ops})
             if result is not None and result.coverage >= 0.5:
-                plain = time_step(big, batch, steps, device)
-                profiled = plain
+                plain_runs = time_step(big, batch, steps, device)
+                profiled = float(np.median(plain_runs))
             else:  # fit's step differs by name (or none was given): profile the traced step itself
-                result, plain, profiled = profile_step(big, batch, warmup_steps, steps, device, quiet=quiet)
+                result, plain_runs, profiled = profile_step(big, batch, warmup_steps, steps, device, quiet=quiet)
+            plain = float(np.median(plain_runs))
             result_small = plain_small = None
             if small is not None:
                 say(f"profiling {steps} steps at batch {small.batch_size}")
-                result_small, plain_small, _ = profile_step(small, half_batch(batch), warmup_steps, steps, device,
-                                                            quiet=quiet)
+                result_small, small_runs, _ = profile_step(small, half_batch(batch), warmup_steps, steps, device,
+                                                           quiet=quiet)
+                plain_small = float(np.median(small_runs))
         finally:
             restore_variables(snapshot)
     metadata = {
@@ -321,6 +341,8 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
         "coverage": round(result.coverage, 6),
         "profile_seconds": round(time.perf_counter() - started, 3),
         "plain_step_seconds": plain,
+        "plain_step_spread": step_spread(plain_runs),
+        "plain_step_runs": len(plain_runs),
         "profiled_step_seconds": profiled,
         "batch_sizes": [big.batch_size] + ([small.batch_size] if small is not None else []),
         "memory": "tensor sizes (TensorFlow reports no per-op temp memory on this device)",

@@ -39,6 +39,7 @@ import tensorflow as tf
 from kerasflow import _compat
 from kerasflow.multihost import run_within, silent_tasks, task_of
 from kerasflow.planner import Cluster, OpGraph, Plan, ranked_plans
+from kerasflow.planner.planning import tie_margin_for
 from kerasflow.planner.errors import ClusterConnectionError, InvalidPlanError, KerasflowError
 from kerasflow.planner.ticktock import batch_coupled_ops
 from kerasflow.profiling.capture import capture_step
@@ -277,7 +278,8 @@ class Driver:
         seconds = time.perf_counter() - started
         line = self.reporter.planned(plan, self.graph, self.cluster(), seconds, len(self.options.devices))
         self.report = {"plan_seconds": seconds, "algorithm": plan.algorithm, "summary": line,
-                       "predicted_step_time": plan.predicted_step_time, "candidates": dict(plan.candidates)}
+                       "predicted_step_time": plan.predicted_step_time, "candidates": dict(plan.candidates),
+                       "tie_margin": tie_margin_for(self.graph)}
         if self.options.log_dir:
             self.reporter.write_logs(self.options.log_dir, plan, self.graph, self.cluster())
 

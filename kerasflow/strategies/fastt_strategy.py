@@ -226,7 +226,8 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
     @property
     def report(self) -> dict:
         """What planning did for the model trained last: ``plan_seconds`` (profile + plan +
-        rebuild), ``algorithm``, ``predicted_step_time``, ``candidates``, ``summary`` (the
+        rebuild), ``algorithm``, ``predicted_step_time``, ``candidates``, ``tie_margin`` (candidates
+        predicted this close to the fastest were tied, from the profile's noise), ``summary`` (the
         printed line) and, once the plan has run 5 steps after its first, ``measured_step_time``
         (their median, seconds per train step) and ``measured_summary`` (the printed line: measured
         against predicted and against the default placement's profiled step), and

@@ -6,7 +6,7 @@ import pytest
 
 from kerasflow.planner import InvalidPlanError, OpGraph, Plan
 from kerasflow.planner.baselines import with_prediction
-from kerasflow.planner.planning import order_if_faster, plan
+from kerasflow.planner.planning import order_if_faster, plan, tie_margin_for
 from tests.planner.helpers import cluster, op
 
 
@@ -69,6 +69,46 @@ def test_profile_noise_within_the_margin_does_not_flip_the_plan():
     for _ in range(20):
         noisy = OpGraph([op("a", 1.0 * rng.uniform(0.99, 1.01)), op("b", 0.02 * rng.uniform(0.99, 1.01))], [])
         assert plan(noisy, cluster(2), split=False, tick_tock="off", verbose=0).algorithm == "single_device"
+
+
+def measured(graph, spread):
+    """``graph`` as a profile whose plain step times spread by ``spread``."""
+    return OpGraph(graph.ops, graph.edges, metadata={"plain_step_spread": spread})
+
+
+def test_a_noisy_profile_ties_within_twice_its_spread():
+    # The 5 % lead of side by side (1.00 s against 1.05 s on one device) wins on a quiet
+    # profile (margin 3 %), and is a tie on one whose plain steps spread by 4 % (margin 8 %).
+    graph = OpGraph([op("a", 1.0), op("b", 0.05)], [])
+    assert tie_margin_for(measured(graph, 0.04)) == 0.08
+    quiet = plan(measured(graph, 0.01), cluster(2), split=False, tick_tock="off", verbose=0)
+    noisy = plan(measured(graph, 0.04), cluster(2), split=False, tick_tock="off", verbose=0)
+    assert quiet.predicted_step_time == 1.0 and quiet.algorithm != "single_device"
+    assert noisy.algorithm == "single_device" and noisy.predicted_step_time == 1.05
+
+
+def test_however_noisy_the_profile_a_lead_beyond_the_cap_wins():
+    # Spread 50 %: the margin stops at 15 %. b costs 0.2 s, so one device takes 1.2 s: the
+    # 20 % lead of side by side wins; with b at 0.1 s (a 10 % lead) one device is a tie.
+    assert tie_margin_for(measured(OpGraph([op("a", 1.0)], []), 0.5)) == 0.15
+    far = plan(measured(OpGraph([op("a", 1.0), op("b", 0.2)], []), 0.5), cluster(2), split=False,
+               tick_tock="off", verbose=0)
+    near = plan(measured(OpGraph([op("a", 1.0), op("b", 0.1)], []), 0.5), cluster(2), split=False,
+                tick_tock="off", verbose=0)
+    assert far.predicted_step_time == 1.0 and far.algorithm != "single_device"
+    assert near.algorithm == "single_device"
+
+
+def test_a_given_tie_margin_overrides_the_profiles_noise():
+    graph = measured(OpGraph([op("a", 1.0), op("b", 0.05)], []), 0.04)
+    assert plan(graph, cluster(2), split=False, tick_tock="off", tie_margin=0.03, verbose=0).predicted_step_time == 1.0
+
+
+def test_a_profile_with_a_malformed_spread_is_refused_by_name():
+    graph = OpGraph([op("a", 1.0)], [])
+    for bad in (-0.1, "4%", float("nan"), True):
+        with pytest.raises(InvalidPlanError, match=r"plain_step_spread.*Received: plain_step_spread="):
+            plan(measured(graph, bad), cluster(2), verbose=0)
 
 
 def test_a_tie_margin_outside_zero_to_one_is_refused():

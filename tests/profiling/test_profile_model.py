@@ -7,7 +7,9 @@ import tensorflow as tf
 
 from kerasflow import ProfilingError
 from kerasflow.planner import OpGraph
+from kerasflow.planner.planning import MAX_TIE_MARGIN, TIE_MARGIN, tie_margin_for
 from kerasflow.profiling import capture_step, profile_model
+from kerasflow.profiling.profiler import PLAIN_RUNS
 from tests.profiling import models
 
 
@@ -63,6 +65,15 @@ def test_coverage_and_metadata(mlp_graph):
     meta = graph.metadata
     assert meta["coverage"] >= 0.95
     assert meta["device_kind"] == "CPU" and meta["batch_sizes"] == [16, 8] and meta["flavor"] == "keras3"
+
+
+def test_the_plain_step_is_timed_ten_times_and_its_spread_kept_for_the_planner(mlp_graph):
+    # The fixture profiles 2 steps; the plain step is timed PLAIN_RUNS times all the same.
+    _, graph = mlp_graph
+    meta = graph.metadata
+    assert meta["plain_step_runs"] == PLAIN_RUNS == 10
+    assert 0 <= meta["plain_step_spread"] < 1
+    assert TIE_MARGIN <= tie_margin_for(graph) <= MAX_TIE_MARGIN
 
 
 def test_json_round_trip(mlp_graph, tmp_path):

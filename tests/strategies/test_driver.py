@@ -243,6 +243,10 @@ def test_the_measured_step_is_said_once_beside_the_prediction_and_the_default_pl
     assert f"the plan measured {measured * 1e3:.2f} ms a step (predicted {predicted * 1e3:.2f} ms" in said[0]
     assert said[0].endswith(f"the default placement measured {profiled * 1e3:.2f} ms when profiled: "
                             f"{profiled / measured:.2f}x")
+    # The in-fit profile timed its plain step ten times, and the planner tied within its noise.
+    spread = callback.profile.metadata["plain_step_spread"]
+    assert callback.profile.metadata["plain_step_runs"] == 10
+    assert report["tie_margin"] == round(min(0.15, max(0.03, 2 * spread)), 6)
 
 
 @pytest.mark.parametrize("steps_per_execution", [1, 2])
