@@ -328,6 +328,7 @@ class Driver:
                                  "replicated=False for this model.")
         if self.state != "planned":  # a plan replacing another: the homes to go back to stay
             self._homes_before = current_homes(self.model)
+        self._say_what_replicas_change(plan)
         self.plan = plan
         self._planned_from = self.step + 1
         move_variables(self.model, group_devices(plan, self.graph), creating=self.creating)
@@ -341,6 +342,19 @@ class Driver:
         self.rebuild()
         self._read_back = True
         self._measured = []
+
+    def _say_what_replicas_change(self, plan: Plan) -> None:
+        """One line when replicas run layers whose math depends on the whole batch (allowed only
+        by ``replicated="on"`` or a given plan): the losses will not be one device's."""
+        if plan.data_parallel is None or self.graph is None:
+            return
+        layers = sorted({self.graph.op(name).layer or name for name in batch_coupled_ops(self.graph)})
+        if layers:
+            self.reporter.say(
+                f"kerasflow: {plan.algorithm}: each replica runs {', '.join(layers[:3])}"
+                f"{f' and {len(layers) - 3} more' if len(layers) > 3 else ''} on its own share of the batch "
+                "(batch statistics or random numbers of their own, as MirroredStrategy computes them), so the "
+                "losses differ from one device's. Pass replicated='auto' to keep the model's math.")
 
     _MEASURED_STEPS = 5
 

@@ -10,7 +10,8 @@ import tensorflow as tf
 
 import kerasflow
 from kerasflow import KerasflowError
-from kerasflow.planner import DataParallel, Plan, ticktock
+from kerasflow.planner import DataParallel, Plan, planning, ticktock
+from kerasflow.strategies import driver as driver_module
 from kerasflow.strategies.options import Options
 from kerasflow.strategies.replicas import ring_all_reduce
 
@@ -138,17 +139,38 @@ def test_auto_lets_the_planner_replicate_a_model_without_batch_coupled_layers():
     assert "data_parallel" not in candidates_planned(off, classifier)
 
 
-def test_auto_keeps_batch_normalization_on_one_replica_and_on_allows_it():
-    def normalized():
-        model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16), keras.layers.BatchNormalization(),
-                                  keras.layers.ReLU(), keras.layers.Dense(3)])
-        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return model
+def normalized():
+    model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16), keras.layers.BatchNormalization(),
+                              keras.layers.ReLU(), keras.layers.Dense(3)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
 
+
+def test_auto_keeps_batch_normalization_on_one_replica_and_on_allows_it():
     auto = kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0)
     assert "data_parallel" not in candidates_planned(auto, normalized)
     on = kerasflow.FastTStrategy(devices=DEVICES[:2], replicated="on", verbose=0)
     assert "data_parallel" in candidates_planned(on, normalized)
+
+
+def test_replicas_that_change_the_math_say_so_once(monkeypatch, capsys):
+    # The planner made to choose data parallelism: on BatchNormalization (allowed by "on") one
+    # line names the layer; on the classifier, whose replicas keep the math, nothing is said.
+    monkeypatch.setattr(driver_module, "ranked_plans", lambda *args, **kwargs: planning.ranked_plans(
+        *args, **{**kwargs, "candidates": ("data_parallel",)}))
+    said = {}
+    for name, build, replicated in (("normalized", normalized, "on"), ("classifier", classifier, "auto")):
+        strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], replicated=replicated, verbose=1,
+                                           drop_slower_plan=False)
+        keras.utils.set_random_seed(5)
+        with strategy.scope():
+            model = build()
+        model.fit(dataset(), epochs=1, verbose=0)
+        assert strategy.plan.data_parallel is not None and strategy.plan_in_force
+        said[name] = [line for line in capsys.readouterr().out.splitlines() if "its own share of the batch" in line]
+    assert len(said["normalized"]) == 1 and said["classifier"] == []
+    line = said["normalized"][0]
+    assert "each replica runs batch_normalization" in line and "losses differ from one device's" in line
 
 
 def test_a_model_with_its_own_train_step_falls_back_with_the_reason():
