@@ -49,7 +49,7 @@ TIE_MARGIN = 0.03
 # twice that: on this project's 2-core machine (2026-12-02) the testbed MLP's HEFT and
 # layer-wise plans swapped places by up to 6.8 % between profiles whose plain steps spread by 3
 # to 8 %. With a fixed 3 % margin five profiles gave the MLP three different plans and the
-# Transformer three; tied within twice each profile's spread, one each
+# Transformer three; tied within twice each profile's spread, one kind of plan each, in two runs
 # (``benchmarks/plan_stability.py``). The margin stops at MAX_TIE_MARGIN: a plan predicted that
 # much faster is taken however noisy the profile.
 NOISE_TIES = 2.0
