@@ -354,7 +354,7 @@ class Driver:
                 f"kerasflow: {plan.algorithm}: each replica runs {', '.join(layers[:3])}"
                 f"{f' and {len(layers) - 3} more' if len(layers) > 3 else ''} on its own share of the batch "
                 "(batch statistics or random numbers of their own, as MirroredStrategy computes them), so the "
-                "losses differ from one device's. Pass replicated='auto' to keep the model's math.")
+                "losses differ from one device's. Plan with replicated='auto' to keep the model's math.")
 
     _MEASURED_STEPS = 5
 
