@@ -13,11 +13,11 @@ state step time:
 - ``fastt_guarded``: ``FastTStrategy()`` as ``fit`` runs it for a user: the other two keep
   their plan whatever it measures (``drop_slower_plan=False``, to time the plan itself); this
   one drops a plan that measured more than 5 % slower than the default placement, and its
-  later steps run on the default placement ("dropped" in the plan column);
-- ``fastt_replicated``: ``FastTStrategy(replicated="on")`` as ``fit`` runs it, on the models with
-  BatchNormalization only (``BATCH_COUPLED``): the user allows each replica its own batch
-  statistics, as ``MirroredStrategy`` computes them (which changes the model's math, so
-  ``replicated="auto"`` leaves replicas out there; on the other models "auto" allows them).
+  later steps run on the default placement ("dropped" in the plan column).
+
+Every FastT setup plans with ``replicated="auto"``: its data-parallel plans keep the model's math,
+the ResNet's BatchNormalization included (its replicas normalize with the whole batch's
+statistics, where ``MirroredStrategy``'s use each replica's own).
 
 For FastT it also prints the one-time cost (profile + plan, plus the extra time of the first
 planned step, which retraces), the plans the rounds chose, and the planner's predicted step
@@ -43,8 +43,7 @@ import sys
 from _common import format_table, machine, step_durations
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SETUPS = ("default", "mirrored", "fastt", "fastt_split", "fastt_guarded", "fastt_replicated")
-BATCH_COUPLED = ("resnet",)  # the zoo's models with BatchNormalization
+SETUPS = ("default", "mirrored", "fastt", "fastt_split", "fastt_guarded")
 
 
 def worker(setup: str, model_name: str, steps: int) -> dict:
@@ -65,8 +64,7 @@ def worker(setup: str, model_name: str, steps: int) -> dict:
         strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
     else:
         strategy = kerasflow.FastTStrategy(verbose=0, split=setup == "fastt_split",
-                                           drop_slower_plan=setup in ("fastt_guarded", "fastt_replicated"),
-                                           replicated="on" if setup == "fastt_replicated" else "auto")
+                                           drop_slower_plan=setup == "fastt_guarded")
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model, (sample_x, sample_y) = build(model_name, keras)
@@ -106,7 +104,7 @@ def main() -> None:
     results: dict[tuple[str, str], list[dict]] = {}
     for _ in range(args.rounds):
         for model in args.models:
-            for setup in _setups(model):  # alternating, so drift hits all alike
+            for setup in SETUPS:  # alternating, so drift hits all alike
                 out = subprocess.run([sys.executable, __file__, "--worker", setup, model, "--steps", str(args.steps)],
                                      capture_output=True, text=True, cwd=HERE)
                 line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
@@ -118,7 +116,7 @@ def main() -> None:
     for model in args.models:
         default = statistics.median(r["step"] for r in results[(model, "default")])
         better = min(default, statistics.median(r["step"] for r in results[(model, "mirrored")]))
-        for setup in _setups(model):
+        for setup in SETUPS:
             runs = results[(model, setup)]
             step = statistics.median(r["step"] for r in runs)
             batch = runs[0]["batch"]
@@ -143,10 +141,6 @@ def main() -> None:
           f"device; medians of {args.rounds} alternating rounds of {args.steps} steps ({machine()})")
     print(format_table(["model", "setup", "batch", "step ms", "samples/s", "vs default", "step / better baseline",
                         "plan", "one-time s", "predicted ms", "simulator error"], rows))
-
-
-def _setups(model: str) -> tuple[str, ...]:
-    return SETUPS if model in BATCH_COUPLED else tuple(s for s in SETUPS if s != "fastt_replicated")
 
 
 def _plans(runs: list[dict]) -> str:

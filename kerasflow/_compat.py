@@ -17,7 +17,8 @@ __all__ = [
     "optimizer_names", "all_optimizers", "reindex_optimizers", "print_line", "fit_verbosity",
     "optimizer_variables", "metric_variables", "all_layers", "uses_jit", "disable_jit", "is_compiled",
     "strategy_scope", "run_step", "has_own_train_step",
-    "model_of_step_function", "compute_loss", "finish_step", "can_move_variables", "can_read_weights_per_copy",
+    "model_of_step_function", "compute_loss", "finish_step", "can_move_variables", "is_batch_normalization",
+    "can_read_weights_per_copy",
     "weights_read_here",
 ]
 
@@ -278,6 +279,13 @@ def finish_step(model: Any, x, y, prediction, sample_weight, loss, batch):
         model._loss_tracker.update_state(loss, sample_weight=batch)
         return model.compute_metrics(x, y, prediction, sample_weight=sample_weight)
     return model.compute_metrics(x, y, prediction, sample_weight)
+
+
+def is_batch_normalization(layer: Any) -> bool:
+    """A Keras 3 BatchNormalization (or subclass) that reduces over the batch axis in training,
+    whose ``_moments`` kerasflow can compute across replicas (tf-keras runs no replicas)."""
+    return (isinstance(layer, _keras.layers.BatchNormalization) and hasattr(layer, "_moments")
+            and 0 in (getattr(layer, "_reduction_axes", None) or ()))
 
 
 def can_move_variables(model: Any) -> bool:

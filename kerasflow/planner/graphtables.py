@@ -8,9 +8,11 @@ tables of a plan without copies, and op durations per device class.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .graph import OpGraph
 
-__all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "batch_ops", "folded_ops", "variable_groups",
+__all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "batch_ops", "batch_statistics", "folded_ops", "variable_groups",
            "weight_bound_layers", "colocation_groups", "static_tables", "durations"]
 
 BATCH_PHASES = ("forward", "backward")
@@ -51,6 +53,48 @@ def batch_ops(graph: OpGraph) -> list[bool]:
 _NEVER_FOLDED = ("Random", "Variable", "Resource", "Assign", "Iterator", "Placeholder", "Py", "While", "If",
                  "Case", "PartitionedCall", "Stateful", "TensorList", "TensorArray", "Stack", "Queue", "Print",
                  "Assert", "Save", "Restore", "Lookup", "Table", "Collective", "Send", "Recv", "Seed")
+
+
+STATISTICS_LAYERS = "synchronized_layers"  # the profile's metadata key: layers with whole-batch statistics
+
+
+class BatchStatistics(NamedTuple):
+    """The ops of the layers whose statistics span the batch (BatchNormalization in training),
+    which data-parallel replicas can compute together: the profile lists them in
+    ``metadata["synchronized_layers"]``.
+
+    Attributes:
+        layer_ops: every op of those layers (by index).
+        reductions: those that reduce the batch (a batch op reading a value that grows with
+            the batch, none of its outputs growing with it): forward, each layer's sum and sum
+            of squared deviations; backward, the two sums of the gradient over the batch.
+    """
+
+    layer_ops: frozenset
+    reductions: frozenset
+
+
+def batch_statistics(graph: OpGraph) -> BatchStatistics:
+    """The ops of the graph's layers with whole-batch statistics (see ``BatchStatistics``).
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> batch_statistics(synthetic.chain_mlp(layers=2)).layer_ops
+        frozenset()
+    """
+    layers = set(graph.metadata.get(STATISTICS_LAYERS) or ())
+    ops, structure = graph.ops, graph._structure
+    copied = batch_ops(graph)
+    layer_ops = frozenset(i for i, op in enumerate(ops) if op.layer in layers)
+    reads_the_batch = set()
+    for p, outputs in enumerate(structure.outputs):
+        for k, consumers in outputs:
+            if k >= 0 and ops[p].output_bytes[k].scales_with_batch:
+                reads_the_batch.update(c for c in consumers if c in layer_ops)
+    reductions = frozenset(
+        i for i in reads_the_batch
+        if copied[i] and ops[i].output_bytes and not any(b.scales_with_batch for b in ops[i].output_bytes))
+    return BatchStatistics(layer_ops, reductions)
 
 
 def folded_ops(graph: OpGraph) -> list[bool]:

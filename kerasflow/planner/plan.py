@@ -119,6 +119,14 @@ class DataParallel:
     Gradients are combined by a ring all-reduce (``2(D-1)/D`` x gradient bytes over the
     slowest link) and every device keeps a replica of the weights.
 
+    Args:
+        devices: the replicas' devices.
+        allreduce: how gradients are summed (``"ring"``).
+        synchronized: BatchNormalization in training normalizes with the whole batch's
+            statistics, as one device does (each a ring all-reduce forward and backward);
+            False: with each replica's own share's, as ``tf.distribute.MirroredStrategy`` does
+            (a plan file without the field was made before kerasflow synchronized them).
+
     Example:
         >>> DataParallel(("/GPU:0", "/GPU:1")).devices
         ('/GPU:0', '/GPU:1')
@@ -126,6 +134,7 @@ class DataParallel:
 
     devices: tuple[str, ...]
     allreduce: str = "ring"
+    synchronized: bool = True
 
     def __post_init__(self):
         devices = tuple(self.devices)
@@ -134,6 +143,8 @@ class DataParallel:
                 f"data_parallel.devices must list distinct devices; received {list(devices)}.")
         if self.allreduce != "ring":
             raise InvalidPlanError(f"Only the 'ring' all-reduce is modelled; received {self.allreduce!r}.")
+        if not isinstance(self.synchronized, bool):
+            raise InvalidPlanError(f"data_parallel.synchronized must be true or false; received {self.synchronized!r}.")
         object.__setattr__(self, "devices", devices)
 
 
@@ -244,6 +255,13 @@ class Plan:
             raise InvalidPlanError(f"batch_size must be a positive integer; received {self.batch_size!r}.")
 
     # ------------------------------------------------------------------ queries
+    @property
+    def synchronizes_statistics(self) -> bool:
+        """Whether the replicas normalize with the whole batch's BatchNormalization statistics: a
+        synchronized data-parallel plan without waves (a wave's statistics are its own anyway)."""
+        return (self.data_parallel is not None and self.data_parallel.synchronized
+                and (self.waves is None or self.waves.count == 1))
+
     def devices(self) -> list[str]:
         """Devices the plan uses, in first-use order."""
         if self.data_parallel is not None:
@@ -339,7 +357,8 @@ class Plan:
                      "fractions": list(self.waves.fractions)}
         dp = None
         if self.data_parallel is not None:
-            dp = {"devices": list(self.data_parallel.devices), "allreduce": self.data_parallel.allreduce}
+            dp = {"devices": list(self.data_parallel.devices), "allreduce": self.data_parallel.allreduce,
+                  "synchronized": self.data_parallel.synchronized}
         return {
             "format_version": PLAN_FORMAT_VERSION,
             "kind": _PLAN_KIND,
@@ -374,7 +393,8 @@ class Plan:
                                         tuple(w.get("stage_maps") or ()), tuple(w.get("fractions") or ()))
             if fields.get("data_parallel") is not None:
                 d = fields["data_parallel"]
-                fields["data_parallel"] = DataParallel(tuple(d.get("devices") or ()), d.get("allreduce", "ring"))
+                fields["data_parallel"] = DataParallel(tuple(d.get("devices") or ()), d.get("allreduce", "ring"),
+                                                       d.get("synchronized", False))
             for key in ("placement", "order", "splits", "predicted_peak_memory", "candidates"):
                 if fields.get(key) is None:
                     fields.pop(key, None)

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from .cluster import Cluster
 from .graph import Affine, OpGraph
-from .graphtables import durations, folded_ops, static_tables
+from .graphtables import batch_statistics, durations, folded_ops, static_tables
 from .plan import Plan
 from .planchecks import attach_orders, resolve_plan
 from .ring import FUSION_BUFFER_BYTES, fusion_buffers
@@ -261,6 +261,8 @@ class _Builder:
                     per_wave.append(tasks)
                 copies[r][i] = per_wave
         self.single, self.copies = single, copies
+        self.statistics = batch_statistics(graph) if dp else None
+        self.synchronized = dp and plan.synchronizes_statistics
         self.combines: dict[tuple, int] = {}
         self.splitters: dict[tuple, int] = {}
         self.allreduces: dict[tuple[int, int], int] = {}
@@ -291,15 +293,22 @@ class _Builder:
             for w, targets in enumerate(self.copies[r][c]):
                 self._one_to_many(src, k, out, sent, targets, (p, k, r, w, self.signature[c]))
             return
+        synchronized_reduction = self.synchronized and k >= 0 and p in self.statistics.reductions
         if not cb:
             sources = [task for per_wave in self.copies[r][p] for task in per_wave]
             target = self.single[r][c]
-            if dp and k >= 0 and not out.scales_with_batch:
+            moving_average = dp and ops[p].phase == "forward" and p in self.statistics.layer_ops
+            if dp and k >= 0 and not out.scales_with_batch and (not moving_average or synchronized_reduction):
+                # (A layer's statistics reach its moving averages as each replica has them.)
                 self._allreduce(p, k, out, target)
             elif dp and k >= 0 and self.ring_size > 1 and ops[p].phase == "backward":
                 self._allreduce(p, k, out, target, gather=True)  # a sparse gradient's rows
             else:
                 self._many_to_one(sources, k, out, target, (p, k, r))
+            return
+        if synchronized_reduction:  # the whole batch's statistic, or its gradient: summed by the ring
+            for target, _ in self.copies[r][c][0]:
+                self._allreduce(p, k, out, target)
             return
         for w in range(self.wave_count):
             sources, targets = self.copies[r][p][w], self.copies[r][c][w]
@@ -432,7 +441,10 @@ class _Builder:
                 self.tg.gradient_allreduces[ar] = len(buffer)
         for key in others:
             size = self.reductions[key][0].at(self.batch)
-            self._ring_task([key], size, self._ring_seconds(size, latency_share=size / FUSION_BUFFER_BYTES))
+            # A statistic's ring runs alone, on the path of every replica; other small values
+            # are packed together.
+            share = 1.0 if key[0] in self.statistics.reductions else size / FUSION_BUFFER_BYTES
+            self._ring_task([key], size, self._ring_seconds(size, latency_share=share))
 
     def _update_rounds(self) -> list[int]:
         """Per op, how many optimizer updates run one after another before it. A step with one

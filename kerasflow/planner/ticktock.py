@@ -22,9 +22,9 @@ from .errors import InvalidPlanError
 from .graph import OpGraph
 from .plan import Plan, Waves
 from .simulator import simulate
-from .graphtables import batch_ops
+from .graphtables import batch_ops, batch_statistics
 
-__all__ = ["batch_coupled_ops", "with_waves", "tick_tock_data_parallel", "tick_tock_model_parallel",
+__all__ = ["batch_coupled_ops", "replica_coupled_ops", "with_waves", "tick_tock_data_parallel", "tick_tock_model_parallel",
            "pipeline"]
 
 
@@ -38,6 +38,21 @@ def batch_coupled_ops(graph: OpGraph) -> list[str]:
         []
     """
     return [op.name for op, copied in zip(graph.ops, batch_ops(graph)) if copied and not op.splittable]
+
+
+def replica_coupled_ops(graph: OpGraph) -> list[str]:
+    """The batch-coupled ops whose math data-parallel replicas change: those outside the layers
+    whose statistics the replicas compute together (``graphtables.batch_statistics``:
+    BatchNormalization), e.g. a random layer's, or an unknown layer's.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> replica_coupled_ops(synthetic.chain_mlp(layers=2))
+        []
+    """
+    shared = batch_statistics(graph).layer_ops
+    index = graph._structure.index
+    return [name for name in batch_coupled_ops(graph) if index[name] not in shared]
 
 
 def with_waves(plan: Plan, graph: OpGraph, cluster: Cluster, *, count: int = 2, offset: str = "forward",

@@ -58,7 +58,7 @@ class CapturedStep:
     ops: list[CapturedOp]
     function: Any
     batch_size: int
-    layer_types: dict[str, str]
+    synchronized_layers: list[str]  # layers whose statistics data-parallel replicas compute together
 
     def by_name(self) -> dict[str, CapturedOp]:
         return {op.name: op for op in self.ops}
@@ -188,7 +188,7 @@ def capture_step(model, batch) -> CapturedStep:
     for start, end, layer in sorted(records, key=lambda r: (r[0], -r[1])):
         for op_id in range(start + 1, end + 1):
             layer_of_id[op_id] = layer.name
-    layer_types = {layer.name: type(layer).__name__ for _, _, layer in records}
+    synchronized = sorted({layer.name for _, _, layer in records if _compat.is_batch_normalization(layer)})
     layer_objects = {layer.name: layer for _, _, layer in records}
 
     captured = [_captured_op(op) for op in operations]
@@ -196,7 +196,7 @@ def capture_step(model, batch) -> CapturedStep:
     _assign_phases(captured, group_layer, tuple(name + "/" for name in _compat.optimizer_names(model)))
     _layers_of_updates(captured, group_layer)
     _batch_axes(captured, layer_objects)
-    return CapturedStep(captured, concrete, batch_size, layer_types)
+    return CapturedStep(captured, concrete, batch_size, synchronized)
 
 
 def live_operations(operations: list[tf.Operation], outputs) -> list[tf.Operation]:

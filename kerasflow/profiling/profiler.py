@@ -22,6 +22,7 @@ from kerasflow._progress import progress_bar
 from kerasflow.devices import default_devices, device_kind
 from kerasflow.planner.errors import ProfilingError
 from kerasflow.planner.graph import Affine, Edge, Op, OpGraph
+from kerasflow.planner.graphtables import STATISTICS_LAYERS
 from kerasflow.profiling.capture import CapturedStep, capture_step
 from kerasflow.profiling.xplane import KernelTimes, StepProfiler, attribute
 
@@ -194,7 +195,8 @@ def _affine(value_big: float, batch_big: int, value_small: float | None, batch_s
 
 def build_graph(big: CapturedStep, small: CapturedStep | None, seconds_big: dict, seconds_small: dict | None,
                 kind: str, *, name: str = "", metadata: dict | None = None) -> OpGraph:
-    """The ``OpGraph`` of a traced step: structure from ``big``, costs and sizes affine in the batch."""
+    """The ``OpGraph`` of a traced step: structure from ``big``, costs and sizes affine in the batch;
+    ``metadata`` gets the layers whose statistics replicas compute together."""
     b1 = big.batch_size
     b2 = small.batch_size if small is not None else None
     small_ops = small.by_name() if small is not None else {}
@@ -213,7 +215,8 @@ def build_graph(big: CapturedStep, small: CapturedStep | None, seconds_big: dict
             edges.append(Edge(source, op.name, index))
         for source in op.control_inputs:
             edges.append(Edge(source, op.name, None))
-    return OpGraph(ops, edges, batch_size=b1, name=name, metadata=metadata or {})
+    metadata = {**(metadata or {}), STATISTICS_LAYERS: list(big.synchronized_layers)}
+    return OpGraph(ops, edges, batch_size=b1, name=name, metadata=metadata)
 
 
 def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmup_steps: int = 2,

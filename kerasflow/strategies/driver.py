@@ -29,6 +29,8 @@ and applied from step 1.
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 import time
 from typing import Any, Callable
@@ -41,7 +43,7 @@ from kerasflow.multihost import run_within, silent_tasks, task_of
 from kerasflow.planner import Cluster, OpGraph, Plan, ranked_plans
 from kerasflow.planner.planning import tie_margin_for
 from kerasflow.planner.errors import ClusterConnectionError, InvalidPlanError, KerasflowError
-from kerasflow.planner.ticktock import batch_coupled_ops
+from kerasflow.planner.ticktock import batch_coupled_ops, replica_coupled_ops
 from kerasflow.profiling.capture import capture_step
 from kerasflow.profiling.profiler import build_graph, profile_training_step, restore_variables, snapshot_variables
 from kerasflow.profiling.xplane import StepProfiler
@@ -285,13 +287,14 @@ class Driver:
 
     def _may_replicate(self) -> bool:
         """Whether the planner may replicate the step: ``replicated="on"``, or ``"auto"`` where the
-        replicas keep the model's math (no batch-coupled op) on one host (replicas across hosts are
-        untested), on a runtime that can run them (a Keras 3 model whose train_step is Keras' own)."""
+        replicas keep the model's math (no batch-coupled op but BatchNormalization's, whose
+        statistics they compute together) on one host (replicas across hosts are untested), on a
+        runtime that can run them (a Keras 3 model whose train_step is Keras' own)."""
         choice = self.options.replicated
         if choice == "off" or self._custom_step or not _compat.can_move_variables(self.model):
             return False
         one_host = len({task_of(d) for d in self.options.devices}) == 1
-        return choice == "on" or (one_host and not batch_coupled_ops(self.graph))
+        return choice == "on" or (one_host and not replica_coupled_ops(self.graph))
 
     def _verify_given_plan(self) -> None:
         """For ``plan=``: after the first step, checks the plan against the model's structure,
@@ -301,7 +304,7 @@ class Driver:
         snapshot = snapshot_variables(self.model)
         try:
             with _compat.strategy_scope(self.model), self._unplanned():
-                structure = build_graph_structure(capture_step(self.model, batch).ops)
+                structure = build_graph_structure(capture_step(self.model, batch))
         finally:
             restore_variables(snapshot)
         if self.plan.graph_fingerprint and structure.fingerprint() != self.plan.graph_fingerprint:
@@ -344,11 +347,13 @@ class Driver:
         self._measured = []
 
     def _say_what_replicas_change(self, plan: Plan) -> None:
-        """One line when replicas run layers whose math depends on the whole batch (allowed only
-        by ``replicated="on"`` or a given plan): the losses will not be one device's."""
+        """One line when replicas run layers whose math depends on the whole batch on their own
+        shares (allowed only by ``replicated="on"`` or a given plan): the losses will not be one
+        device's."""
         if plan.data_parallel is None or self.graph is None:
             return
-        layers = sorted({self.graph.op(name).layer or name for name in batch_coupled_ops(self.graph)})
+        coupled = replica_coupled_ops(self.graph) if plan.synchronizes_statistics else batch_coupled_ops(self.graph)
+        layers = sorted({self.graph.op(name).layer or name for name in coupled})
         if layers:
             self.reporter.say(
                 f"kerasflow: {plan.algorithm}: each replica runs {', '.join(layers[:3])}"
@@ -576,9 +581,6 @@ def _batch_size(batch) -> int:
     return int(first.shape[0]) if first is not None else 0
 
 
-def build_graph_structure(ops) -> OpGraph:
-    """An ``OpGraph`` of captured ops with no costs (for fingerprints and names)."""
-    from kerasflow.profiling.capture import CapturedStep
-
-    step = CapturedStep(ops, None, 1, {})
-    return build_graph(step, None, {}, None, "CPU")
+def build_graph_structure(step) -> OpGraph:
+    """An ``OpGraph`` of a captured step with no costs (for fingerprints and names)."""
+    return build_graph(dataclasses.replace(step, function=None, batch_size=1), None, {}, None, "CPU")

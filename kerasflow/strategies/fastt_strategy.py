@@ -75,9 +75,10 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         replicated: whether the planner may replicate the whole step on every device (data
             parallelism: a copy of the weights per device, the gradients summed by a ring
             all-reduce). ``"auto"`` (the default) allows it where the replicas keep the model's
-            math: a Keras 3 model with its own ``train_step`` left to Keras and no batch-coupled
-            layer (BatchNormalization in training); ``"on"`` allows it on batch-coupled models
-            too (each replica normalizes its own share, as ``MirroredStrategy`` does); ``"off"``
+            math: a Keras 3 model with its own ``train_step`` left to Keras, on one host, and no
+            random or unknown batch-coupled layer (BatchNormalization is fine: the replicas
+            normalize with the whole batch's statistics, summed around the ring); ``"on"``
+            allows it with random layers too (each replica draws its own numbers); ``"off"``
             never.
         memory_limit: a cap in bytes for every device.
         log_dir: where to write ``plan.json``, ``profile.json`` and ``timeline.json`` (and

@@ -84,13 +84,16 @@ class Replicas:
         if replica == 0:
             yield
             return
-        for variable, copy in zip(self._variables, self._copies[replica]):
-            variable._value = copy
+        self.point_at(replica)
         try:
             yield
         finally:
-            for variable, own in zip(self._variables, self._copies[0]):
-                variable._value = own
+            self.point_at(0)
+
+    def point_at(self, replica: int) -> None:
+        """Points the model's variables at replica ``replica``'s copies (0: the model's own)."""
+        for variable, copy in zip(self._variables, self._copies[replica]):
+            variable._value = copy
 
     def trainable(self, replica: int) -> list[tf.Variable]:
         """Replica ``replica``'s TensorFlow variables behind the model's trainable weights, in

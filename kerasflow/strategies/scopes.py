@@ -7,7 +7,8 @@ profiled op a copy comes from. A split layer cuts its inputs into shards under
 input is made and a join where its output is used, as the simulator's split and concat tasks run.
 The waves' own bookkeeping (their slices of the batch, the sums of their gradients) runs under
 ``waves``, so that it shifts none of the names TensorFlow gives the profiled step's ops. A
-data-parallel plan runs each replica under ``replica<r>`` and its all-reduce under ``ring``.
+data-parallel plan runs each replica under ``replica<r>`` and its all-reduce under ``ring``; the
+rings of the whole batch's BatchNormalization statistics run under ``batch_statistics``.
 Both sides use these functions, so the grammar has one home.
 """
 
@@ -16,12 +17,13 @@ from __future__ import annotations
 import re
 
 __all__ = ["wave_scope", "shard_scope", "replica_scope", "SHARD_INPUTS_SCOPE", "SHARD_OUTPUTS_SCOPE", "WAVES_SCOPE",
-           "RING_SCOPE", "shard_boundary", "split_name", "replica_of"]
+           "RING_SCOPE", "BATCH_STATISTICS_SCOPE", "shard_boundary", "split_name", "replica_of"]
 
 SHARD_INPUTS_SCOPE = "shard_inputs"
 SHARD_OUTPUTS_SCOPE = "shard_outputs"
 WAVES_SCOPE = "waves"
 RING_SCOPE = "ring"
+BATCH_STATISTICS_SCOPE = "batch_statistics"  # the whole batch's BatchNormalization statistics' rings
 _GRADIENT_PREFIX = "gradient_tape/"
 
 _WAVE = re.compile(r"^wave(\d+)$")

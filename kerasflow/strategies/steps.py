@@ -20,6 +20,8 @@ Replicas (a data-parallel plan) run under ``replica<r>`` on their devices, each 
 the batch and its own copy of the weights (``Replicas``); the ring all-reduce sums their
 gradients and each replica applies the update to its copy. Each replica updates the loss and
 the metrics with its share, as ``MirroredStrategy`` does, so their values are the whole batch's.
+Its BatchNormalization layers normalize with the whole batch's statistics (``batchstats``), for
+which the replicas are traced in lockstep, one thread each (``Lockstep``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import tensorflow as tf
 from kerasflow import _compat
 from kerasflow.profiling.capture import last_op_id, live_operations
 from kerasflow.strategies.applier import PlanApplier
+from kerasflow.strategies.batchstats import synchronized_layers, whole_batch_statistics
+from kerasflow.strategies.lockstep import Lockstep
 from kerasflow.strategies.replicas import Replicas, all_reduce_gradients
 from kerasflow.strategies.scopes import (SHARD_INPUTS_SCOPE, SHARD_OUTPUTS_SCOPE, WAVES_SCOPE, replica_scope, shard_scope,
                                          wave_scope)
@@ -304,20 +308,30 @@ class PlannedStep:
     def _replicated(self, data):
         """One data-parallel step: each replica runs its share of the batch (as waves, when the
         plan has them) on its own copy of the weights, the ring sums the gradients, and every
-        replica applies the same update; the loss and metrics are updated replica by replica."""
+        replica applies the same update; the loss and metrics are updated replica by replica.
+        With the whole batch's BatchNormalization statistics, the replicas are traced in lockstep."""
         model, replicas = self.model, self.replicas
         x, y, sample_weight = _unpack(data)
         batch = _batch_of(x)
         devices = replicas.devices
         sizes = _sizes(batch, [1.0 / len(devices)] * len(devices))
-        per_replica, start = [], 0
-        for r, (device, size) in enumerate(zip(devices, sizes)):
-            with tf.device(device), tf.name_scope(replica_scope(r)), replicas.swapped(r):
+        starts = [sum(sizes[:r]) if r else 0 for r in range(len(devices))]
+
+        def replica(r):
+            with tf.device(devices[r]), tf.name_scope(replica_scope(r)), replicas.swapped(r):
                 with tf.name_scope(WAVES_SCOPE):
-                    xr, yr, sr = _slice((x, y, sample_weight), start, size, batch)
+                    xr, yr, sr = _slice((x, y, sample_weight), starts[r], sizes[r], batch)
                 variables = model.trainable_weights if r == 0 else replicas.trainable(r)
-                per_replica.append((xr, yr, sr, size) + self._micro_batches(xr, yr, sr, size, batch, variables))
-            start = start + size
+                return (xr, yr, sr, sizes[r]) + self._micro_batches(xr, yr, sr, sizes[r], batch, variables)
+
+        synchronized = synchronized_layers(model) if self.applier.plan.synchronizes_statistics else []
+        if synchronized:
+            lockstep = Lockstep(len(devices), on_turn=replicas.point_at)
+            with whole_batch_statistics(synchronized, lockstep, devices, batch):
+                per_replica = lockstep.run([functools.partial(replica, r) for r in range(len(devices))])
+            replicas.point_at(0)
+        else:
+            per_replica = [replica(r) for r in range(len(devices))]
         summed = all_reduce_gradients([gradients for *_, gradients in per_replica], devices)
         for r, device in enumerate(devices):
             with tf.device(device), tf.name_scope(replica_scope(r)), replicas.swapped(r):

@@ -36,7 +36,18 @@ def test_a_complete_plan_round_trips_byte_identically(tmp_path):
     assert (tmp_path / "again.json").read_bytes() == (tmp_path / "plan.json").read_bytes()
     dp = Plan(data_parallel=DataParallel(("/D:0", "/D:1")))
     dp.save(tmp_path / "dp.json")
-    assert Plan.load(tmp_path / "dp.json") == dp
+    assert Plan.load(tmp_path / "dp.json") == dp and dp.data_parallel.synchronized
+
+
+def test_a_data_parallel_plan_file_from_before_synchronized_statistics_keeps_each_replicas_own(tmp_path):
+    data = Plan(data_parallel=DataParallel(("/D:0", "/D:1"))).to_dict()
+    del data["data_parallel"]["synchronized"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert not Plan.load(tmp_path / "old.json").synchronizes_statistics
+    data["data_parallel"]["synchronized"] = "yes"
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(FileFormatError, match=r"data_parallel.synchronized must be true or false; received 'yes'"):
+        Plan.load(tmp_path / "bad.json")
 
 
 def test_a_valid_plan_validates():

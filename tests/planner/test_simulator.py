@@ -418,3 +418,46 @@ def test_one_device_takes_total_work_over_speed(num_ops, seed, speed):
     c = Cluster([Device("/GPU:0", "V100", 2**34, speed=speed)], Link(0, 1e9))
     result = simulate(graph, c, Plan(placement={o.name: "/GPU:0" for o in graph.ops}))
     assert result.makespan == pytest.approx(graph.total_work("V100") / speed, rel=1e-9)
+
+
+def normalization(synchronized_layers=("bn",)):
+    """A layer "bn" normalizing a batch with its statistic (40 B): ``mean`` reduces ``m``'s
+    output (4 B a sample) to it, ``norm`` uses it, a moving average ``avg`` (free) keeps it;
+    backward, ``g`` reduces the batch again and ``dx`` uses that."""
+    return OpGraph([
+        op("m", (0.0, 1.0), [(0, 4)], batch_axis=0),
+        op("mean", 1.0, [40], layer="bn"),
+        op("mv", 0.0, [40], phase="other", persistent_bytes=40, colocation="mv"),
+        op("avg", 0.0, [], phase="update", colocation="mv", layer="bn"),
+        op("norm", (0.0, 1.0), [(0, 4)], layer="bn"),
+        op("g", 1.0, [40], phase="backward", layer="bn"),
+        op("dx", (0.0, 1.0), [(0, 4)], phase="backward", layer="bn"),
+    ], [("m", "mean", 0), ("m", "norm", 0), ("mean", "norm", 0), ("mean", "avg", 0), ("mv", "avg", None),
+        ("norm", "g", 0), ("g", "dx", 0)], batch_size=2, metadata={"synchronized_layers": list(synchronized_layers)})
+
+
+def test_replicas_sum_the_whole_batchs_statistics_around_the_ring():
+    # Per replica (batch 1): m 0-1, mean 1-2; the ring sums the 40 B statistic over 2 devices
+    # at 100 B/s: 2(D-1)(40/(D*bw)) = 0.4 s, 2-2.4; norm 2.4-3.4; g 3.4-4.4 and its ring
+    # 4.4-4.8; dx 4.8-5.8. The moving average takes the summed statistic as it is (at 2.4).
+    plan = Plan(data_parallel=DataParallel(("/D:0", "/D:1")))
+    result = simulate(normalization(), cluster(2), plan)
+    times = result.times()
+    assert times["mean:0@allreduce"] == pytest.approx((2.0, 2.4))
+    assert times["g:0@allreduce"] == pytest.approx((4.4, 4.8))
+    assert result.makespan == pytest.approx(5.8)
+    # Each ring: 10 floats in chunks of 5, each device sending 2 of them.
+    assert sorted((t.src, t.dst, t.bytes) for t in result.ring_transfers) == sorted(
+        [("/D:0", "/D:1", 20.0), ("/D:1", "/D:0", 20.0)] * 4)
+
+
+def test_replicas_with_their_own_statistics_send_none_of_them():
+    # As above without the rings: m 0-1, mean 1-2, norm 2-3, g 3-4, dx 4-5; the moving average
+    # keeps the replica's own statistic, so nothing crosses.
+    own = Plan(data_parallel=DataParallel(("/D:0", "/D:1"), synchronized=False))
+    result = simulate(normalization(), cluster(2), own)
+    assert result.makespan == pytest.approx(5.0) and result.ring_transfers == []
+    # Two waves' statistics are each wave's own, synchronized or not.
+    waved = Plan(data_parallel=DataParallel(("/D:0", "/D:1")), waves=Waves(2))
+    assert not waved.synchronizes_statistics
+    assert simulate(normalization(), cluster(2), waved).ring_transfers == []

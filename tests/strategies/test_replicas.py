@@ -146,20 +146,32 @@ def normalized():
     return model
 
 
-def test_auto_keeps_batch_normalization_on_one_replica_and_on_allows_it():
+def dropped_out():
+    model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dropout(0.2),
+                              keras.layers.Dense(3)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_auto_replicates_batch_normalization_and_keeps_random_layers_on_one_replica():
+    # BatchNormalization's replicas compute the whole batch's statistics together; a Dropout's
+    # would each draw their own numbers, which only "on" allows.
     auto = kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0)
-    assert "data_parallel" not in candidates_planned(auto, normalized)
+    assert "data_parallel" in candidates_planned(auto, normalized)
+    auto = kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0)
+    assert "data_parallel" not in candidates_planned(auto, dropped_out)
     on = kerasflow.FastTStrategy(devices=DEVICES[:2], replicated="on", verbose=0)
-    assert "data_parallel" in candidates_planned(on, normalized)
+    assert "data_parallel" in candidates_planned(on, dropped_out)
 
 
 def test_replicas_that_change_the_math_say_so_once(monkeypatch, capsys):
-    # The planner made to choose data parallelism: on BatchNormalization (allowed by "on") one
-    # line names the layer; on the classifier, whose replicas keep the math, nothing is said.
+    # The planner made to choose data parallelism: on Dropout (allowed by "on") one line names
+    # the layer; on BatchNormalization and the classifier, whose replicas keep the math, nothing.
     monkeypatch.setattr(driver_module, "ranked_plans", lambda *args, **kwargs: planning.ranked_plans(
         *args, **{**kwargs, "candidates": ("data_parallel",)}))
     said = {}
-    for name, build, replicated in (("normalized", normalized, "on"), ("classifier", classifier, "auto")):
+    for name, build, replicated in (("dropped_out", dropped_out, "on"), ("normalized", normalized, "auto"),
+                                    ("classifier", classifier, "auto")):
         strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], replicated=replicated, verbose=1,
                                            drop_slower_plan=False)
         keras.utils.set_random_seed(5)
@@ -168,9 +180,9 @@ def test_replicas_that_change_the_math_say_so_once(monkeypatch, capsys):
         model.fit(dataset(), epochs=1, verbose=0)
         assert strategy.plan.data_parallel is not None and strategy.plan_in_force
         said[name] = [line for line in capsys.readouterr().out.splitlines() if "its own share of the batch" in line]
-    assert len(said["normalized"]) == 1 and said["classifier"] == []
-    line = said["normalized"][0]
-    assert "each replica runs batch_normalization" in line and "losses differ from one device's" in line
+    assert len(said["dropped_out"]) == 1 and said["normalized"] == said["classifier"] == []
+    line = said["dropped_out"][0]
+    assert "each replica runs dropout" in line and "losses differ from one device's" in line
 
 
 def test_a_model_with_its_own_train_step_falls_back_with_the_reason():

@@ -18,6 +18,7 @@ ring the runtime builds from TensorFlow ops.
 """
 
 import collections
+import dataclasses
 
 import keras
 import numpy as np
@@ -199,3 +200,44 @@ def test_a_recurrent_loop_runs_and_sends_as_simulated(recurrent, kind):
     # a shard's loop or a loop on another device than the first ran its body on /CPU:0.
     strategy, model, data, graph = recurrent
     sends_as_simulated(strategy, model, data, graph, RECURRENT_PLAN_KINDS[kind](graph, strategy.cluster))
+
+
+@pytest.fixture(scope="module")
+def normalized_cnn():
+    """A small image classifier as the Keras vision tutorials write it, with BatchNormalization:
+    data-parallel replicas sum each layer's statistics and their gradients around the ring."""
+    keras.utils.set_random_seed(0)
+    strategy = kerasflow.FastTStrategy(devices=DEVICES, verbose=0)
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(16, 3, padding="same", use_bias=False, name="conv"),
+            keras.layers.BatchNormalization(name="norm"),
+            keras.layers.ReLU(),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(4, name="logits"),
+        ])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(3)
+    images = tf.data.Dataset.from_tensor_slices((rng.random((8 * BATCH, 8, 8, 3), dtype=np.float32),
+                                                 rng.integers(0, 4, 8 * BATCH)))
+    data = images.batch(BATCH, drop_remainder=True)
+    model.fit(data, epochs=1, verbose=0)
+    return strategy, model, data, strategy.profile
+
+
+def test_batch_statistics_go_around_the_ring_as_simulated(normalized_cnn):
+    strategy, model, data, graph = normalized_cnn
+    synchronized = baselines.data_parallel(graph, strategy.cluster, batch=BATCH)
+    assert synchronized.synchronizes_statistics
+    sent = sends_as_simulated(strategy, model, data, graph, synchronized)
+    # Each replica's own statistics (MirroredStrategy's math) send less: only the gradients.
+    own = dataclasses.replace(synchronized, data_parallel=dataclasses.replace(synchronized.data_parallel,
+                                                                            synchronized=False))
+    alone = sends_as_simulated(strategy, model, data, graph, own)
+    # Worked out: 16 channels; four rings of 16 floats (the sum, the squared deviations and
+    # their gradients). On two devices a ring takes 2 (D - 1) = 2 steps (one to sum, one to
+    # pass the sums on), in each of which each device sends one chunk of 8 floats to the other:
+    # 4 rings x 2 = 8 chunks of 32 bytes each way.
+    assert {pair: (count - alone[pair][0], nbytes - alone[pair][1]) for pair, (count, nbytes) in sent.items()} == {
+        (DEVICES[0], DEVICES[1]): (8, 8 * 32.0), (DEVICES[1], DEVICES[0]): (8, 8 * 32.0)}

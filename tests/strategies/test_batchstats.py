@@ -1,0 +1,92 @@
+"""Data-parallel replicas normalize with the whole batch's BatchNormalization statistics: the
+same losses and moving averages as one device, a partial last batch included."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasflow
+from kerasflow.planner import DataParallel, Plan
+
+DEVICES = ["/CPU:0", "/CPU:1", "/CPU:2"]
+BATCH = 24
+
+
+def image_classifier():
+    """A small convolutional classifier as the Keras vision tutorials write one. Its convolutions
+    have no bias: a bias before BatchNormalization has a zero gradient but for rounding, which
+    Adam scales up to full steps, so its value (and the moving mean) would follow the rounding
+    of any other order of summation, one device's included."""
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(inputs)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.ReLU()(x)
+    x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(x)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    outputs = keras.layers.Dense(3)(x)
+    model = keras.Model(inputs, outputs)
+    model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def images():
+    """100 images in batches of 24: the last batch has 4, split 1, 1 and 2 over three replicas.
+    Their mean is far from zero, so statistics of a share differ from the whole batch's."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(100, 8, 8, 3)).astype("float32") * 2 + 1
+    y = (x[:, 0, 0, 0] > 1).astype("int64")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+
+
+def trained(strategy):
+    keras.utils.set_random_seed(5)
+    with strategy.scope():
+        model = image_classifier()
+    history = model.fit(images(), epochs=3, verbose=0).history
+    return model, history
+
+
+def moving_statistics(model):
+    return [v.numpy() for v in model.variables if "moving_" in v.path]
+
+
+@pytest.fixture(scope="module")
+def one_device():
+    return trained(tf.distribute.OneDeviceStrategy("/CPU:0"))
+
+
+def data_parallel(synchronized):
+    plan = Plan(data_parallel=DataParallel(tuple(DEVICES), synchronized=synchronized), batch_size=BATCH,
+                algorithm="data_parallel")
+    return kerasflow.FastTStrategy(devices=DEVICES, plan=plan, verbose=0)
+
+
+def test_replicas_train_as_one_device_does(one_device):
+    expected_model, expected = one_device
+    strategy = data_parallel(synchronized=True)
+    model, history = trained(strategy)
+    assert strategy.plan_in_force and strategy.placement_report() == []
+    np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history["accuracy"], expected["accuracy"], rtol=1e-5)
+    # The moving averages follow the weights, which Adam's normalized steps move apart at the
+    # level of rounding (1e-5 here); each replica's own statistics move them 1e-3 apart.
+    for moving, expected_moving in zip(moving_statistics(model), moving_statistics(expected_model)):
+        np.testing.assert_allclose(moving, expected_moving, rtol=1e-4, atol=5e-5)
+    # Every copy normalized with the same statistics and applied the same update.
+    assert strategy._driver_of().replicas.differences() == 0.0
+    rings = {(t.src, t.dst) for t in strategy.placement_report().transfers if t.tensor.startswith("batch_statistics")}
+    assert rings == {("/CPU:0", "/CPU:1"), ("/CPU:1", "/CPU:2"), ("/CPU:2", "/CPU:0")}
+
+
+def test_each_replicas_own_statistics_change_the_losses(one_device):
+    # What the test above would see without the rings (MirroredStrategy's math): not one device's.
+    expected_model, expected = one_device
+    strategy = data_parallel(synchronized=False)
+    model, history = trained(strategy)
+    assert strategy.plan_in_force
+    assert not np.allclose(history["loss"], expected["loss"], rtol=1e-3)
+    moving, expected_moving = moving_statistics(model)[0], moving_statistics(expected_model)[0]
+    assert np.abs(moving - expected_moving).max() > 1e-3
