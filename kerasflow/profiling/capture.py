@@ -128,8 +128,9 @@ def last_op_id(graph) -> int:
 
 
 def _layer_ranges(model) -> tuple[list, dict]:
-    """Wraps every layer's ``call`` to record the ops it creates; returns (records, originals)."""
-    records: list[tuple[int, int, Any]] = []
+    """Wraps every layer's ``call`` to record the ops it creates (and whether it got a mask);
+    returns (records, originals)."""
+    records: list[tuple[int, int, Any, bool]] = []
     originals: dict[int, Any] = {}
 
     def wrap(layer):
@@ -142,7 +143,7 @@ def _layer_ranges(model) -> tuple[list, dict]:
             try:
                 return original(*args, **kwargs)
             finally:
-                records.append((start, last_op_id(graph), layer))
+                records.append((start, last_op_id(graph), layer, kwargs.get("mask") is not None))
 
         originals[id(layer)] = (layer, layer.__dict__.get("call"))
         object.__setattr__(layer, "call", recorded)  # bypass Keras' attribute tracking
@@ -185,11 +186,14 @@ def capture_step(model, batch) -> CapturedStep:
 
     # Forward ops: the innermost layer call that created them.
     layer_of_id: dict[int, str] = {}
-    for start, end, layer in sorted(records, key=lambda r: (r[0], -r[1])):
+    for start, end, layer, _ in sorted(records, key=lambda r: (r[0], -r[1])):
         for op_id in range(start + 1, end + 1):
             layer_of_id[op_id] = layer.name
-    synchronized = sorted({layer.name for _, _, layer in records if _compat.is_batch_normalization(layer)})
-    layer_objects = {layer.name: layer for _, _, layer in records}
+    # (A masked normalization's statistics are not summed across replicas: see strategies/batchstats.py.)
+    masked = {layer.name for *_, layer, with_mask in records if with_mask}
+    synchronized = sorted({layer.name for *_, layer, _ in records
+                           if _compat.is_batch_normalization(layer) and layer.name not in masked})
+    layer_objects = {layer.name: layer for *_, layer, _ in records}
 
     captured = [_captured_op(op) for op in operations]
     group_layer = _colocate(captured, operations, _variable_groups(model, graph), layer_of_id)

@@ -58,7 +58,7 @@ def _moments(layer, lockstep: Lockstep, devices: list[str], batch, inputs, mask)
     if mask is not None:
         raise KerasflowError(f"A data-parallel plan cannot compute the whole batch's statistics of a masked "
                              f"BatchNormalization yet. Received: layer={layer.name!r} called with a mask. Plan with "
-                             "replicated='off', or 'on' to let each replica use its own share's statistics.")
+                             "replicated='off'.")
     axes = list(layer._reduction_axes)
     count = tf.cast(batch, inputs.dtype)
     for axis in axes:

@@ -571,9 +571,16 @@ def _state_lost(error: BaseException) -> KerasflowError:
         "that host and resume from your last checkpoint (keras.callbacks.BackupAndRestore or ModelCheckpoint).")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_KERAS_WRAPPER = "Exception encountered when calling"  # Keras' first line around an error inside a layer
+
+
 def _describe(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:400]
+    """The error's type and first line of its own message (under Keras' line naming the layer)."""
+    lines = [line.strip() for line in _ANSI.sub("", str(error)).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith(_KERAS_WRAPPER):
+        lines = lines[1:]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:400]
 
 
 def _batch_size(batch) -> int:

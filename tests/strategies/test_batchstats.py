@@ -1,6 +1,8 @@
 """Data-parallel replicas normalize with the whole batch's BatchNormalization statistics: the
 same losses and moving averages as one device, a partial last batch included."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -90,3 +92,44 @@ def test_each_replicas_own_statistics_change_the_losses(one_device):
     assert not np.allclose(history["loss"], expected["loss"], rtol=1e-3)
     moving, expected_moving = moving_statistics(model)[0], moving_statistics(expected_model)[0]
     assert np.abs(moving - expected_moving).max() > 1e-3
+
+
+def masked_classifier():
+    """Embedding(mask_zero=True) hands BatchNormalization a mask, whose statistics the replicas
+    cannot sum yet."""
+    model = keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(50, 8, mask_zero=True),
+                              keras.layers.BatchNormalization(), keras.layers.GlobalAveragePooling1D(),
+                              keras.layers.Dense(3)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def tokens():
+    rng = np.random.default_rng(1)
+    return tf.data.Dataset.from_tensor_slices((rng.integers(0, 50, (288, 6)).astype("int32"),
+                                               rng.integers(0, 3, 288))).batch(BATCH)
+
+
+def test_auto_keeps_a_masked_normalization_on_one_replica():
+    strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0)
+    keras.utils.set_random_seed(5)
+    with strategy.scope():
+        model = masked_classifier()
+    model.fit(tokens(), epochs=1, verbose=0)
+    assert strategy.profile.metadata["synchronized_layers"] == []
+    assert "data_parallel" not in strategy._driver_of().report["candidates"]
+
+
+def test_a_masked_normalization_under_a_given_data_parallel_plan_falls_back_with_the_reason():
+    strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], plan=Plan(
+        data_parallel=DataParallel(tuple(DEVICES[:2])), batch_size=BATCH, algorithm="data_parallel"), verbose=0)
+    keras.utils.set_random_seed(5)
+    with strategy.scope():
+        model = masked_classifier()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(tokens(), epochs=1, verbose=0).history
+    messages = [str(w.message) for w in caught if "kerasflow" in str(w.message)]
+    assert len(messages) == 1 and "masked BatchNormalization" in messages[0], messages
+    assert "replicated='off'" in messages[0]
+    assert np.isfinite(history["loss"][0]) and not strategy.plan_in_force
