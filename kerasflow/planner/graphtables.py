@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .errors import InvalidGraphError
 from .graph import OpGraph
 
-__all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "batch_ops", "batch_statistics", "folded_ops", "variable_groups",
-           "weight_bound_layers", "colocation_groups", "static_tables", "durations"]
+__all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "BatchStatistics", "batch_ops",
+           "batch_statistics", "folded_ops", "variable_groups", "weight_bound_layers", "colocation_groups",
+           "static_tables", "durations"]
 
 BATCH_PHASES = ("forward", "backward")
 
@@ -77,12 +79,20 @@ class BatchStatistics(NamedTuple):
 def batch_statistics(graph: OpGraph) -> BatchStatistics:
     """The ops of the graph's layers with whole-batch statistics (see ``BatchStatistics``).
 
+    Raises:
+        InvalidGraphError: ``metadata["synchronized_layers"]`` is not a list of names.
+
     Example:
         >>> from kerasflow.planner import synthetic
         >>> batch_statistics(synthetic.chain_mlp(layers=2)).layer_ops
         frozenset()
     """
-    layers = set(graph.metadata.get(STATISTICS_LAYERS) or ())
+    layers = graph.metadata.get(STATISTICS_LAYERS) or []
+    if not isinstance(layers, list) or not all(isinstance(name, str) for name in layers):
+        raise InvalidGraphError(f"The profile's metadata[{STATISTICS_LAYERS!r}] must be a list of layer names (the "
+                                f"BatchNormalization layers kerasflow's profiler found). Received: "
+                                f"{STATISTICS_LAYERS}={layers!r}. Fix or remove it.")
+    layers = set(layers)
     ops, structure = graph.ops, graph._structure
     copied = batch_ops(graph)
     layer_ops = frozenset(i for i, op in enumerate(ops) if op.layer in layers)

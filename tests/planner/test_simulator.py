@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kerasflow.planner import (
-    Cluster, DataParallel, InvalidPlanError, OpGraph, Plan, Shard, Waves, lower_bound, simulate,
+    Cluster, DataParallel, InvalidGraphError, InvalidPlanError, OpGraph, Plan, Shard, Waves, lower_bound, simulate,
     synthetic,
 )
 from kerasflow.planner.graphtables import weight_bound_layers
@@ -420,7 +420,7 @@ def test_one_device_takes_total_work_over_speed(num_ops, seed, speed):
     assert result.makespan == pytest.approx(graph.total_work("V100") / speed, rel=1e-9)
 
 
-def normalization(synchronized_layers=("bn",)):
+def normalization(synchronized_layers=("bn",)):  # the profile's list of such layers
     """A layer "bn" normalizing a batch with its statistic (40 B): ``mean`` reduces ``m``'s
     output (4 B a sample) to it, ``norm`` uses it, a moving average ``avg`` (free) keeps it;
     backward, ``g`` reduces the batch again and ``dx`` uses that."""
@@ -433,7 +433,9 @@ def normalization(synchronized_layers=("bn",)):
         op("g", 1.0, [40], phase="backward", layer="bn"),
         op("dx", (0.0, 1.0), [(0, 4)], phase="backward", layer="bn"),
     ], [("m", "mean", 0), ("m", "norm", 0), ("mean", "norm", 0), ("mean", "avg", 0), ("mv", "avg", None),
-        ("norm", "g", 0), ("g", "dx", 0)], batch_size=2, metadata={"synchronized_layers": list(synchronized_layers)})
+        ("norm", "g", 0), ("g", "dx", 0)], batch_size=2,
+        metadata={"synchronized_layers": list(synchronized_layers) if isinstance(synchronized_layers, tuple)
+                  else synchronized_layers})
 
 
 def test_replicas_sum_the_whole_batchs_statistics_around_the_ring():
@@ -461,3 +463,10 @@ def test_replicas_with_their_own_statistics_send_none_of_them():
     waved = Plan(data_parallel=DataParallel(("/D:0", "/D:1")), waves=Waves(2))
     assert not waved.synchronizes_statistics
     assert simulate(normalization(), cluster(2), waved).ring_transfers == []
+
+
+def test_a_malformed_list_of_normalization_layers_is_refused_naming_it():
+    plan = Plan(data_parallel=DataParallel(("/D:0", "/D:1")))
+    with pytest.raises(InvalidGraphError, match=r"metadata\['synchronized_layers'\] must be a list of layer names.*"
+                                               r"Received: synchronized_layers='bn'"):
+        simulate(normalization(synchronized_layers="bn"), cluster(2), plan)
