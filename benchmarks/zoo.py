@@ -187,8 +187,8 @@ def trace(name: str) -> OpGraph:
     # Costs come from the roofline below; the traced kind only carries zeros.
     traced = build_graph(big, small, {}, {}, "traced", name=name, metadata=metadata)
     ops = [dataclasses.replace(op, cost={}) for op in traced.ops]
-    return estimate_costs(OpGraph(ops, traced.edges, batch_size=traced.batch_size, name=name, metadata=metadata),
-                          KINDS)
+    return estimate_costs(OpGraph(ops, traced.edges, batch_size=traced.batch_size, name=name,
+                                  metadata=traced.metadata), KINDS)
 
 
 def graph(name: str, *, regenerate: bool = False) -> OpGraph:
