@@ -92,8 +92,11 @@ def batch_statistics(graph: OpGraph) -> BatchStatistics:
         raise InvalidGraphError(f"The profile's metadata[{STATISTICS_LAYERS!r}] must be a list of layer names (the "
                                 f"BatchNormalization layers kerasflow's profiler found). Received: "
                                 f"{STATISTICS_LAYERS}={layers!r}. Fix or remove it.")
-    layers = set(layers)
     ops, structure = graph.ops, graph._structure
+    key = ("batch_statistics", tuple(sorted(layers)))  # the metadata is the graph's, the cache its structure's
+    if key in structure.cache:
+        return structure.cache[key]
+    layers = set(layers)
     copied = batch_ops(graph)
     layer_ops = frozenset(i for i, op in enumerate(ops) if op.layer in layers)
     reads_the_batch = set()
@@ -104,7 +107,8 @@ def batch_statistics(graph: OpGraph) -> BatchStatistics:
     reductions = frozenset(
         i for i in reads_the_batch
         if copied[i] and ops[i].output_bytes and not any(b.scales_with_batch for b in ops[i].output_bytes))
-    return BatchStatistics(layer_ops, reductions)
+    structure.cache[key] = BatchStatistics(layer_ops, reductions)
+    return structure.cache[key]
 
 
 def folded_ops(graph: OpGraph) -> list[bool]:

@@ -54,7 +54,7 @@ def whole_batch_statistics(layers: list, lockstep: Lockstep, devices: list[str],
 
 
 def _moments(layer, lockstep: Lockstep, devices: list[str], batch, inputs, mask):
-    """The whole batch's mean and variance for replica ``lockstep.replica()``'s share ``inputs``."""
+    """The whole batch's mean and variance for the calling replica's share ``inputs``."""
     if mask is not None:
         raise KerasflowError(f"A data-parallel plan cannot compute the whole batch's statistics of a masked "
                              f"BatchNormalization yet. Received: layer={layer.name!r} called with a mask. Plan with "
@@ -64,14 +64,13 @@ def _moments(layer, lockstep: Lockstep, devices: list[str], batch, inputs, mask)
     for axis in axes:
         if axis != 0:
             count = count * tf.cast(tf.shape(inputs)[axis], inputs.dtype)
-    replica = lockstep.replica()
-    mean = _total(tf.reduce_sum(inputs, axes, keepdims=True), lockstep, replica, devices) / count
+    mean = _total(tf.reduce_sum(inputs, axes, keepdims=True), lockstep, devices) / count
     deviation = tf.reduce_sum(tf.math.squared_difference(inputs, tf.stop_gradient(mean)), axes, keepdims=True)
-    variance = _total(deviation, lockstep, replica, devices) / count
+    variance = _total(deviation, lockstep, devices) / count
     return tf.squeeze(mean, axes), tf.squeeze(variance, axes)
 
 
-def _total(local, lockstep: Lockstep, replica: int, devices: list[str]):
+def _total(local, lockstep: Lockstep, devices: list[str]):
     """Every replica's ``local`` summed; its gradient, every replica's gradient summed."""
 
     def around_the_ring(values):
@@ -81,8 +80,8 @@ def _total(local, lockstep: Lockstep, replica: int, devices: list[str]):
     @tf.custom_gradient
     def summed(value):
         def gradient(upstream):
-            return lockstep.exchange(replica, upstream, around_the_ring)
+            return lockstep.exchange(upstream, around_the_ring)
 
-        return lockstep.exchange(replica, value, around_the_ring), gradient
+        return lockstep.exchange(value, around_the_ring), gradient
 
     return summed(local)

@@ -44,7 +44,7 @@ class Lockstep:
     Example:
         >>> lockstep = Lockstep(2)
         >>> def replica():
-        ...     return lockstep.exchange(lockstep.replica(), lockstep.replica() + 1, lambda values: [sum(values)] * 2)
+        ...     return lockstep.exchange(lockstep.replica() + 1, lambda values: [sum(values)] * 2)
         >>> lockstep.run([replica, replica])
         [3, 3]
     """
@@ -88,12 +88,13 @@ class Lockstep:
         """The replica whose thread calls this."""
         return self._local.replica
 
-    def exchange(self, replica: int, value, combine: Callable[[list], list]):
-        """Replica ``replica``'s share of ``combine(every replica's value)``, called from its thread.
+    def exchange(self, value, combine: Callable[[list], list]):
+        """The calling replica's share of ``combine(every replica's value)``.
 
         ``combine`` gets the values in replica order and returns one result per replica; it runs
         once, in the last replica's thread.
         """
+        replica = self.replica()
         with self._condition:
             round_ = self._rounds[replica]
             self._rounds[replica] += 1

@@ -315,7 +315,7 @@ class PlannedStep:
         batch = _batch_of(x)
         devices = replicas.devices
         sizes = _sizes(batch, [1.0 / len(devices)] * len(devices))
-        starts = [sum(sizes[:r]) if r else 0 for r in range(len(devices))]
+        starts = [sum(sizes[:r]) for r in range(len(devices))]
 
         def replica(r):
             with tf.device(devices[r]), tf.name_scope(replica_scope(r)), replicas.swapped(r):

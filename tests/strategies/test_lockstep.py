@@ -14,7 +14,7 @@ def test_replicas_take_turns_between_exchanges_and_get_their_share():
     def replica():
         r = lockstep.replica()
         events.append(("before", r))
-        total = lockstep.exchange(r, r + 1, lambda values: [sum(values) * (i + 1) for i in range(3)])
+        total = lockstep.exchange(r + 1, lambda values: [sum(values) * (i + 1) for i in range(3)])
         events.append(("after", r))
         return total
 
@@ -30,8 +30,8 @@ def test_the_combine_of_each_round_sees_that_rounds_values():
 
     def replica():
         r = lockstep.replica()
-        first = lockstep.exchange(r, [r], lambda values: [values] * 2)
-        second = lockstep.exchange(r, [10 + r], lambda values: [values] * 2)
+        first = lockstep.exchange([r], lambda values: [values] * 2)
+        second = lockstep.exchange([10 + r], lambda values: [values] * 2)
         return first, second
 
     assert lockstep.run([replica, replica]) == [([[0], [1]], [[10], [11]])] * 2
@@ -43,7 +43,7 @@ def test_replicas_that_meet_different_exchanges_fail_with_the_reason():
     def replica():
         r = lockstep.replica()
         if r == 0:
-            lockstep.exchange(r, 1, lambda values: values)
+            lockstep.exchange(1, lambda values: values)
         return r
 
     with pytest.raises(KerasflowError, match=r"met different exchanges: replicas \[1\] never reached exchange 0"):
@@ -57,7 +57,7 @@ def test_an_error_in_one_replica_reaches_the_caller_and_stops_the_others():
         r = lockstep.replica()
         if r == 1:
             raise ValueError("replica 1 broke")
-        return lockstep.exchange(r, 1, lambda values: values)
+        return lockstep.exchange(1, lambda values: values)
 
     with pytest.raises(ValueError, match="replica 1 broke"):
         lockstep.run([replica, replica])
