@@ -1,10 +1,12 @@
 """Measured training on this machine's CPU: FastTStrategy on 2 logical CPUs against the usual setups.
 
-Five setups, each in its own process (TensorFlow's threading is fixed when it starts), run
+Seven setups, each in its own process (TensorFlow's threading is fixed when it starts), run
 in alternation ``--rounds`` times; per setup the median over rounds of the median steady-
 state step time:
 
 - ``default``: TensorFlow's default threading, one device (``OneDeviceStrategy("/CPU:0")``);
+- ``default_testbed_threads``: the default placement (no strategy) in a process with the
+  threading of the setups below: what a FastT setup that drops its plan goes back to;
 - ``mirrored``: 2 logical CPUs, 1 intra-op thread each, 2 inter-op threads, ``MirroredStrategy``;
 - ``fastt``: the same 2 logical CPUs running ``FastTStrategy``'s plan (the planner takes each
   logical CPU for a device that runs one op at a time; they still share the process's 2
@@ -13,9 +15,12 @@ state step time:
 - ``fastt_guarded``: ``FastTStrategy()`` as ``fit`` runs it for a user: the other two keep
   their plan whatever it measures (``drop_slower_plan=False``, to time the plan itself); this
   one drops a plan that measured more than 5 % slower than the default placement, and its
-  later steps run on the default placement ("dropped" in the plan column).
+  later steps run on the default placement ("dropped" in the plan column);
+- ``fastt_on``: the same with ``replicated="on"``: the planner may also give each replica its
+  own BatchNormalization statistics, ``MirroredStrategy``'s math
+  (``data_parallel_replica_statistics``; the losses then differ from one device's).
 
-Every FastT setup plans with ``replicated="auto"``: its data-parallel plans keep the model's math,
+The other FastT setups plan with ``replicated="auto"``: their data-parallel plans keep the model's math,
 the ResNet's BatchNormalization included (its replicas normalize with the whole batch's
 statistics, where ``MirroredStrategy``'s use each replica's own).
 
@@ -43,7 +48,7 @@ import sys
 from _common import format_table, machine, step_durations
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SETUPS = ("default", "mirrored", "fastt", "fastt_split", "fastt_guarded")
+SETUPS = ("default", "default_testbed_threads", "mirrored", "fastt", "fastt_split", "fastt_guarded", "fastt_on")
 
 
 def worker(setup: str, model_name: str, steps: int) -> dict:
@@ -58,13 +63,14 @@ def worker(setup: str, model_name: str, steps: int) -> dict:
 
     from profile_zoo import build
 
-    if setup == "default":
+    if setup.startswith("default"):
         strategy = tf.distribute.OneDeviceStrategy("/CPU:0")
     elif setup == "mirrored":
         strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
     else:
         strategy = kerasflow.FastTStrategy(verbose=0, split=setup == "fastt_split",
-                                           drop_slower_plan=setup == "fastt_guarded")
+                                           drop_slower_plan=setup in ("fastt_guarded", "fastt_on"),
+                                           replicated="on" if setup == "fastt_on" else "auto")
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model, (sample_x, sample_y) = build(model_name, keras)

@@ -3,7 +3,8 @@
 - ``single_device``: everything on the fastest device.
 - ``data_parallel``: every device runs the whole step on 1/D of the batch; gradients are
   ring-all-reduced (``2(D-1)/D`` x gradient bytes over the slowest link), weights
-  replicated.
+  replicated; BatchNormalization's statistics the whole batch's (one device's math) or, with
+  ``synchronized=False``, each replica's own (``MirroredStrategy``'s math).
 - ``layerwise_model_parallel``: layers in topological order cut into contiguous stages
   balanced by cost, one stage per device.
 - ``lower_bound``: no plan can beat it.
@@ -72,8 +73,14 @@ def single_device(graph: OpGraph, cluster: Cluster, device: str | None = None,
 
 
 def data_parallel(graph: OpGraph, cluster: Cluster, devices: list[str] | None = None,
-                  batch: int | None = None) -> Plan:
+                  batch: int | None = None, synchronized: bool = True) -> Plan:
     """Data parallelism over ``devices`` (default: all), with a ring all-reduce.
+
+    Args:
+        synchronized: replicas normalize with the whole batch's statistics (True: one device's
+            math); False: each with its own share's, as ``MirroredStrategy`` does (algorithm
+            ``data_parallel_replica_statistics``; for a graph without such layers the two are
+            the same plan).
 
     Example:
         >>> from kerasflow.planner import synthetic
@@ -84,7 +91,8 @@ def data_parallel(graph: OpGraph, cluster: Cluster, devices: list[str] | None = 
     devices = list(devices or cluster.device_names)
     for device in devices:
         cluster.device(device)
-    plan = Plan(data_parallel=DataParallel(tuple(devices)), batch_size=batch, algorithm="data_parallel")
+    plan = Plan(data_parallel=DataParallel(tuple(devices), synchronized=synchronized), batch_size=batch,
+                algorithm="data_parallel" if synchronized else "data_parallel_replica_statistics")
     return with_prediction(plan, graph, cluster, batch)
 
 

@@ -1,12 +1,13 @@
 """``plan()``: run every candidate strategy, keep the fastest that fits in memory (ties to the simplest).
 
 Candidates: single device, data parallelism (on several hosts, also inside the strongest
-host), layer-wise model parallelism, HEFT and CPOP (each with op and with layer affinity),
-FastT's critical-path op splitting on top of the best list schedule, and waves: data
-parallelism on one copy of the weights (a wave per device), Tick-Tock data-parallel and
-model-parallel waves, and the best placement run as two waves. Each candidate is judged by
-the simulator; the winner is the simplest candidate (earliest in trial order) predicted
-within ``TIE_MARGIN`` of the fastest, so that profile noise, which moves near-tied
+host; where the user allows it, also with each replica's own BatchNormalization statistics
+as ``MirroredStrategy`` computes them), layer-wise model parallelism, HEFT and CPOP (each
+with op and with layer affinity), FastT's critical-path op splitting on top of the best list
+schedule, and waves: data parallelism on one copy of the weights (a wave per device),
+Tick-Tock data-parallel and model-parallel waves, and the best placement run as two waves.
+Each candidate is judged by the simulator; the winner is the simplest candidate (earliest in
+trial order) predicted within ``TIE_MARGIN`` of the fastest, so that profile noise, which moves near-tied
 candidates by a few per cent, does not flip the plan from one profile to the next. The
 winner's predicted step time is the simulator's figure for it, and it records every
 candidate's.
@@ -25,6 +26,7 @@ from .cluster import Cluster
 from .cpop import cpop
 from .errors import InsufficientMemoryError, InvalidPlanError
 from .graph import OpGraph
+from .graphtables import batch_statistics
 from .heft import heft
 from .listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
 from .onecopy import one_copy_data_parallel
@@ -55,20 +57,22 @@ TIE_MARGIN = 0.03
 NOISE_TIES = 2.0
 MAX_TIE_MARGIN = 0.15
 
-CANDIDATES = ("single_device", "data_parallel", "data_parallel_one_host", "layerwise_model_parallel", "heft",
-              "heft-layers", "cpop", "cpop-layers")
+CANDIDATES = ("single_device", "data_parallel_replica_statistics", "data_parallel", "data_parallel_one_host",
+              "layerwise_model_parallel", "heft", "heft-layers", "cpop", "cpop-layers")
 
 
 def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None,
                     split: bool = True, tick_tock: str = "auto", memory_limit: float | None = None,
                     memory_headroom: float = DEFAULT_MEMORY_HEADROOM, max_split_evaluations: int = 48,
                     candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True,
-                    progress: Callable[[str], None] | None = None,
+                    replica_statistics: bool = False, progress: Callable[[str], None] | None = None,
                     verbose=True) -> tuple[dict[str, Plan], list[str]]:
     """Every candidate plan that fits in memory, simulated (arguments as for ``plan``).
 
     ``replicated=False`` leaves out the strategies that replicate the whole step per device
     (data parallelism, plain or with waves), for runtimes that execute one replica.
+    ``data_parallel_replica_statistics`` is tried only with ``replica_statistics=True`` and
+    for a graph with synchronized BatchNormalization layers (otherwise it is ``data_parallel``).
 
     Returns:
         ``(plans by candidate name in trial order, one line per candidate that did not fit)``.
@@ -97,6 +101,8 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
         candidates = ("single_device",)
     if not replicated:
         candidates = tuple(c for c in candidates if not c.startswith("data_parallel"))
+    if not (replica_statistics and batch_statistics(graph).layer_ops):
+        candidates = tuple(c for c in candidates if c != "data_parallel_replica_statistics")
     if len(cluster.hosts()) < 2:
         candidates = tuple(c for c in candidates if c != "data_parallel_one_host")
     results: dict[str, Plan] = {}
@@ -197,6 +203,9 @@ def _makers(graph: OpGraph, cluster: Cluster, batch: int, options: dict) -> dict
     return {
         "single_device": lambda **_: baselines.single_device(graph, cluster, batch=batch),
         "data_parallel": lambda **_: baselines.data_parallel(graph, cluster, batch=batch),
+        # MirroredStrategy's math: each replica's BatchNormalization with its own share's statistics.
+        "data_parallel_replica_statistics": lambda **_: baselines.data_parallel(
+            graph, cluster, batch=batch, synchronized=False),
         # Several hosts: data parallelism inside the strongest host only, where the network
         # would cost more than the other hosts' devices give.
         "data_parallel_one_host": lambda **_: baselines.data_parallel(
@@ -296,7 +305,8 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
          tick_tock: str = "auto", memory_limit: float | None = None,
          memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
          max_split_evaluations: int = 48, candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True,
-         tie_margin: float | None = None, progress: Callable[[str], None] | None = None, verbose=True) -> Plan:
+         replica_statistics: bool = False, tie_margin: float | None = None,
+         progress: Callable[[str], None] | None = None, verbose=True) -> Plan:
     """Computes the fastest plan for one training step of ``graph`` on ``cluster``.
 
     Args:
@@ -313,7 +323,13 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
         max_split_evaluations: the split search's budget, in plans scheduled and simulated.
         candidates: which base strategies to try (a subset of ``CANDIDATES``).
         replicated: also try strategies that replicate the step on every device (data
-            parallelism); ``FastTStrategy`` runs one replica and passes False.
+            parallelism, plain or with Tick-Tock waves).
+        replica_statistics: also try data parallelism whose replicas normalize
+            (BatchNormalization) with their own share's statistics, as ``MirroredStrategy``'s
+            do, which changes the losses (candidate ``data_parallel_replica_statistics``). It
+            comes before ``data_parallel`` in trial order: it waits for no ring, so it is the
+            simpler plan and wins a tie. Off (the default): every data-parallel plan keeps one
+            device's math.
         tie_margin: candidates predicted within this fraction of the fastest count as tied,
             and the first of them in trial order (the simplest) wins; 0 keeps the fastest.
             None (the default): ``tie_margin_for(graph)``, from the profile's own noise.
@@ -340,14 +356,16 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
     return ranked_plans(graph, cluster, batch_size=batch_size, split=split, tick_tock=tick_tock,
                         memory_limit=memory_limit, memory_headroom=memory_headroom,
                         max_split_evaluations=max_split_evaluations, candidates=candidates, replicated=replicated,
-                        tie_margin=tie_margin, progress=progress, verbose=verbose)[0]
+                        replica_statistics=replica_statistics, tie_margin=tie_margin, progress=progress,
+                        verbose=verbose)[0]
 
 
 def ranked_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None, split: bool = True,
                  tick_tock: str = "auto", memory_limit: float | None = None,
                  memory_headroom: float = DEFAULT_MEMORY_HEADROOM, max_split_evaluations: int = 48,
-                 candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True, tie_margin: float | None = None,
-                 progress: Callable[[str], None] | None = None, verbose=True) -> list[Plan]:
+                 candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True, replica_statistics: bool = False,
+                 tie_margin: float | None = None, progress: Callable[[str], None] | None = None,
+                 verbose=True) -> list[Plan]:
     """Every candidate plan that fits, best first (arguments, errors and plans as for ``plan``).
 
     The first is the plan ``plan`` returns; the others follow by predicted step time. Inside
@@ -370,7 +388,7 @@ def ranked_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | No
     results, misfits = candidate_plans(
         graph, cluster, batch_size=batch_size, split=split, tick_tock=tick_tock, memory_limit=memory_limit,
         memory_headroom=memory_headroom, max_split_evaluations=max_split_evaluations, candidates=candidates,
-        replicated=replicated, progress=progress, verbose=verbose)
+        replicated=replicated, replica_statistics=replica_statistics, progress=progress, verbose=verbose)
     if tick_tock == "on":
         results = {n: p for n, p in results.items() if p.waves is not None}
         if not results:

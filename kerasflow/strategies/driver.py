@@ -269,10 +269,13 @@ class Driver:
                 say=lambda message: say(f"kerasflow: {message}"), source="kerasflow in-fit profile")
         say(f"kerasflow: planning for {len(self.options.devices)} devices")
         custom = self._custom_step
+        replicated = self._may_replicate()
         plan, *others = ranked_plans(
             self.graph, self.cluster(), split=self.options.split and not custom,
             tick_tock="off" if custom else self.options.tick_tock, memory_limit=self.options.memory_limit,
-            max_split_evaluations=self.options.max_split_evaluations, replicated=self._may_replicate(),
+            max_split_evaluations=self.options.max_split_evaluations, replicated=replicated,
+            # "on": the user lets replicas change the math, BatchNormalization's statistics too.
+            replica_statistics=replicated and self.options.replicated == "on",
             verbose=0 if self.reporter.quiet else self.options.verbose)
         self._next_plan = others[0] if others and self.options.drop_slower_plan else None
         say("kerasflow: rebuilding the training step with the plan")

@@ -78,8 +78,9 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             math: a Keras 3 model with its own ``train_step`` left to Keras, on one host, and no
             random or unknown batch-coupled layer (BatchNormalization is fine: the replicas
             normalize with the whole batch's statistics, summed around the ring); ``"on"``
-            allows it with random layers too (each replica draws its own numbers); ``"off"``
-            never.
+            allows it with random layers too (each replica draws its own numbers) and also
+            tries ``MirroredStrategy``'s math for BatchNormalization (each replica's own
+            statistics, which wins a tie with the plan that sums them); ``"off"`` never.
         memory_limit: a cap in bytes for every device.
         log_dir: where to write ``plan.json``, ``profile.json`` and ``timeline.json`` (and
             TensorBoard scalars, when TensorBoard is installed).

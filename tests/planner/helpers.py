@@ -1,6 +1,6 @@
 """Tiny hand-made graphs and clusters for the planner tests."""
 
-from kerasflow.planner import Cluster, Device, Link, Op
+from kerasflow.planner import Cluster, Device, Link, Op, OpGraph
 
 
 def devices(count, kind="X", memory=10**9, **kwargs):
@@ -18,3 +18,21 @@ def cluster(count=2, latency=0.0, bandwidth=100.0, **kwargs):
 def op(name, cost=1.0, out=(), **kwargs):
     """An op of kind X costing ``cost`` seconds with the given output sizes."""
     return Op(name, cost={"X": cost}, output_bytes=list(out), **kwargs)
+
+
+def normalization(synchronized_layers=("bn",)):  # the profile's list of such layers
+    """A layer "bn" normalizing a batch with its statistic (40 B): ``mean`` reduces ``m``'s
+    output (4 B a sample) to it, ``norm`` uses it, a moving average ``avg`` (free) keeps it;
+    backward, ``g`` reduces the batch again and ``dx`` uses that."""
+    return OpGraph([
+        op("m", (0.0, 1.0), [(0, 4)], batch_axis=0),
+        op("mean", 1.0, [40], layer="bn"),
+        op("mv", 0.0, [40], phase="other", persistent_bytes=40, colocation="mv"),
+        op("avg", 0.0, [], phase="update", colocation="mv", layer="bn"),
+        op("norm", (0.0, 1.0), [(0, 4)], layer="bn"),
+        op("g", 1.0, [40], phase="backward", layer="bn"),
+        op("dx", (0.0, 1.0), [(0, 4)], phase="backward", layer="bn"),
+    ], [("m", "mean", 0), ("m", "norm", 0), ("mean", "norm", 0), ("mean", "avg", 0), ("mv", "avg", None),
+        ("norm", "g", 0), ("g", "dx", 0)], batch_size=2,
+        metadata={"synchronized_layers": list(synchronized_layers) if isinstance(synchronized_layers, tuple)
+                  else synchronized_layers})

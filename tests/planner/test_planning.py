@@ -7,7 +7,7 @@ import pytest
 from kerasflow.planner import InvalidPlanError, OpGraph, Plan
 from kerasflow.planner.baselines import with_prediction
 from kerasflow.planner.planning import order_if_faster, plan, tie_margin_for
-from tests.planner.helpers import cluster, op
+from tests.planner.helpers import cluster, normalization, op
 
 
 def two_chains(order):
@@ -116,3 +116,24 @@ def test_a_tie_margin_outside_zero_to_one_is_refused():
     for bad in (-0.1, 1.0, "3%", True):
         with pytest.raises(InvalidPlanError, match=r"tie_margin must be a fraction in \[0, 1\).*Received: tie_margin="):
             plan(graph, c, tie_margin=bad, verbose=0)
+
+
+def test_mirrored_strategys_statistics_are_tried_only_when_allowed_and_win_a_tie():
+    # helpers.normalization on 2 devices (test_simulator's timelines): data_parallel 5.8 s (its
+    # two rings of 0.4 s each), each replica's own statistics 5.0 s, one device 8 s (the batch
+    # of 2: m 2, mean 1, norm 2, g 1, dx 2).
+    graph, two = normalization(), cluster(2)
+    kept = plan(graph, two, split=False, tick_tock="off", tie_margin=0, verbose=0)
+    assert kept.algorithm == "data_parallel" and kept.data_parallel.synchronized
+    assert "data_parallel_replica_statistics" not in kept.candidates
+    allowed = plan(graph, two, split=False, tick_tock="off", replica_statistics=True, tie_margin=0, verbose=0)
+    assert allowed.algorithm == "data_parallel_replica_statistics" and not allowed.data_parallel.synchronized
+    assert allowed.predicted_step_time == pytest.approx(5.0)
+    assert allowed.candidates["data_parallel"] == pytest.approx(5.8)
+    assert allowed.candidates["single_device"] == pytest.approx(8.0)
+    # It comes before data_parallel in trial order: faster or tied, it is the one kept.
+    assert list(allowed.candidates).index("data_parallel_replica_statistics") < list(allowed.candidates).index(
+        "data_parallel")
+    # Without synchronized layers the two would be one plan: not tried twice.
+    plain = plan(normalization(()), two, split=False, tick_tock="off", replica_statistics=True, verbose=0)
+    assert "data_parallel_replica_statistics" not in plain.candidates

@@ -12,7 +12,7 @@ from kerasflow.planner import (
 )
 from kerasflow.planner.graphtables import weight_bound_layers
 from kerasflow.planner.taskgraph import build_task_graph
-from tests.planner.helpers import cluster, op
+from tests.planner.helpers import cluster, normalization, op
 
 
 def fork_join():
@@ -418,24 +418,6 @@ def test_one_device_takes_total_work_over_speed(num_ops, seed, speed):
     c = Cluster([Device("/GPU:0", "V100", 2**34, speed=speed)], Link(0, 1e9))
     result = simulate(graph, c, Plan(placement={o.name: "/GPU:0" for o in graph.ops}))
     assert result.makespan == pytest.approx(graph.total_work("V100") / speed, rel=1e-9)
-
-
-def normalization(synchronized_layers=("bn",)):  # the profile's list of such layers
-    """A layer "bn" normalizing a batch with its statistic (40 B): ``mean`` reduces ``m``'s
-    output (4 B a sample) to it, ``norm`` uses it, a moving average ``avg`` (free) keeps it;
-    backward, ``g`` reduces the batch again and ``dx`` uses that."""
-    return OpGraph([
-        op("m", (0.0, 1.0), [(0, 4)], batch_axis=0),
-        op("mean", 1.0, [40], layer="bn"),
-        op("mv", 0.0, [40], phase="other", persistent_bytes=40, colocation="mv"),
-        op("avg", 0.0, [], phase="update", colocation="mv", layer="bn"),
-        op("norm", (0.0, 1.0), [(0, 4)], layer="bn"),
-        op("g", 1.0, [40], phase="backward", layer="bn"),
-        op("dx", (0.0, 1.0), [(0, 4)], phase="backward", layer="bn"),
-    ], [("m", "mean", 0), ("m", "norm", 0), ("mean", "norm", 0), ("mean", "avg", 0), ("mv", "avg", None),
-        ("norm", "g", 0), ("g", "dx", 0)], batch_size=2,
-        metadata={"synchronized_layers": list(synchronized_layers) if isinstance(synchronized_layers, tuple)
-                  else synchronized_layers})
 
 
 def test_replicas_sum_the_whole_batchs_statistics_around_the_ring():

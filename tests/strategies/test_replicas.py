@@ -155,23 +155,29 @@ def dropped_out():
 
 def test_auto_replicates_batch_normalization_and_keeps_random_layers_on_one_replica():
     # BatchNormalization's replicas compute the whole batch's statistics together; a Dropout's
-    # would each draw their own numbers, which only "on" allows.
+    # would each draw their own numbers, which only "on" allows, as it allows each replica's own
+    # statistics.
     auto = kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0)
-    assert "data_parallel" in candidates_planned(auto, normalized)
+    planned = candidates_planned(auto, normalized)
+    assert "data_parallel" in planned and "data_parallel_replica_statistics" not in planned
     auto = kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0)
     assert "data_parallel" not in candidates_planned(auto, dropped_out)
     on = kerasflow.FastTStrategy(devices=DEVICES[:2], replicated="on", verbose=0)
     assert "data_parallel" in candidates_planned(on, dropped_out)
+    # "on" also tries MirroredStrategy's math: each replica's own statistics.
+    on = kerasflow.FastTStrategy(devices=DEVICES[:2], replicated="on", verbose=0)
+    assert {"data_parallel", "data_parallel_replica_statistics"} <= candidates_planned(on, normalized)
 
 
 def test_replicas_that_change_the_math_say_so_once(monkeypatch, capsys):
     # The planner made to choose data parallelism: on Dropout (allowed by "on") one line names
-    # the layer; on BatchNormalization and the classifier, whose replicas keep the math, nothing.
+    # the layer; on BatchNormalization and the classifier, whose replicas keep the math, nothing;
+    # on BatchNormalization under "on", whose replicas then keep their own statistics, one line.
     monkeypatch.setattr(driver_module, "ranked_plans", lambda *args, **kwargs: planning.ranked_plans(
-        *args, **{**kwargs, "candidates": ("data_parallel",)}))
+        *args, **{**kwargs, "candidates": ("data_parallel_replica_statistics", "data_parallel")}))
     said = {}
     for name, build, replicated in (("dropped_out", dropped_out, "on"), ("normalized", normalized, "auto"),
-                                    ("classifier", classifier, "auto")):
+                                    ("classifier", classifier, "auto"), ("normalized_on", normalized, "on")):
         strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], replicated=replicated, verbose=1,
                                            drop_slower_plan=False)
         keras.utils.set_random_seed(5)
@@ -183,6 +189,9 @@ def test_replicas_that_change_the_math_say_so_once(monkeypatch, capsys):
     assert len(said["dropped_out"]) == 1 and said["normalized"] == said["classifier"] == []
     line = said["dropped_out"][0]
     assert "each replica runs dropout" in line and "losses differ from one device's" in line
+    assert len(said["normalized_on"]) == 1
+    assert said["normalized_on"][0].startswith("kerasflow: data_parallel_replica_statistics: each replica runs "
+                                               "batch_normalization")
 
 
 def test_a_model_with_its_own_train_step_falls_back_with_the_reason():
