@@ -42,13 +42,14 @@ from .simulator import SimulationResult, Transfer, simulate
 from .planning import plan, ranked_plans  # noqa: E402
 from .onecopy import one_copy_data_parallel  # noqa: E402
 from .bounds import StepTimeBound, step_time_bound  # noqa: E402
+from .rerank import rerank  # noqa: E402
 
 __all__ = [
     "Affine", "Op", "Edge", "OpGraph", "PHASES",
     "Device", "Link", "Cluster",
     "Shard", "Waves", "DataParallel", "Plan",
     "simulate", "SimulationResult", "Transfer",
-    "plan", "ranked_plans", "heft", "cpop",
+    "plan", "ranked_plans", "rerank", "heft", "cpop",
     "single_device", "data_parallel", "one_copy_data_parallel", "layerwise_model_parallel", "lower_bound", "LowerBound",
     "step_time_bound", "StepTimeBound",
     "KerasflowError", "InvalidGraphError", "InvalidClusterError", "InvalidPlanError",

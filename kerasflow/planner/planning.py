@@ -370,7 +370,7 @@ def ranked_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | No
 
     The first is the plan ``plan`` returns; the others follow by predicted step time. Inside
     ``fit``, a first plan that measures slower than the default placement gives way to the
-    second before kerasflow gives up.
+    best of the others by ``rerank`` before kerasflow gives up.
 
     Example:
         >>> from kerasflow.planner import synthetic

@@ -19,8 +19,9 @@ placement, an order TensorFlow rejects) first drops the per-device order, then g
 to the default placement for that same call. A failure anywhere warns once, naming the
 cause, and training continues on the default placement (``default``). Five planned steps
 after the rebuild are timed; a plan they measure more than 5 % slower a step than the
-default placement measured when profiled gives way to the planner's runner-up (once), timed
-the same way, and a plan still slower is dropped the same way (unless
+default placement measured when profiled gives way to the best other candidate by
+``planner.rerank`` (once), timed the same way, when that one is expected more than 5 % faster; a plan
+still slower is dropped the same way (unless
 ``drop_slower_plan=False``, which keeps the first plan whatever it measures).
 
 A ``plan=`` given up front skips profiling: it is checked against the model after step 0
@@ -40,8 +41,9 @@ import tensorflow as tf
 
 from kerasflow import _compat
 from kerasflow.multihost import run_within, silent_tasks, task_of
-from kerasflow.planner import Cluster, OpGraph, Plan, ranked_plans
+from kerasflow.planner import Cluster, OpGraph, Plan, ranked_plans, rerank
 from kerasflow.planner.planning import tie_margin_for
+from kerasflow.planner.rerank import same_kind
 from kerasflow.planner.errors import ClusterConnectionError, InvalidPlanError, KerasflowError
 from kerasflow.planner.ticktock import batch_coupled_ops, replica_coupled_ops
 from kerasflow.profiling.capture import capture_step
@@ -98,7 +100,7 @@ class Driver:
         self._step_started = 0.0
         self._measured: list[float] | None = None
         self._planned_from = 0  # the first step the plan in force runs (it retraces: not timed)
-        self._next_plan: Plan | None = None  # the runner-up, tried once if the plan measures slower
+        self._runners_up: list[Plan] = []  # the other candidates; the best is tried once if the plan measures slower
 
     # ------------------------------------------------------------------ attach
     def attach(self, model, verbose: Any = None) -> None:
@@ -213,10 +215,14 @@ class Driver:
             elif self.state == "planned" and self._measured is not None:
                 stage = "timing the planned step"
                 slower = self._measure_planned_step()
-                if slower is not None and self._next_plan is not None:
+                if slower is not None and self._runners_up:
                     stage = "switching to the next plan"
-                    self._try_next_plan(slower)
-                    slower = None
+                    following, passed_over = self._runner_up()
+                    if following is None:
+                        slower = f"{slower}; {passed_over}"
+                    else:
+                        self._try_next_plan(slower, following)
+                        slower = None
         except InvalidPlanError:
             raise
         except Exception as error:  # noqa: BLE001 - never lose the user's training
@@ -277,7 +283,7 @@ class Driver:
             # "on": the user lets replicas change the math, BatchNormalization's statistics too.
             replica_statistics=replicated and self.options.replicated == "on",
             verbose=0 if self.reporter.quiet else self.options.verbose)
-        self._next_plan = others[0] if others and self.options.drop_slower_plan else None
+        self._runners_up = others if self.options.drop_slower_plan else []
         say("kerasflow: rebuilding the training step with the plan")
         self._use(plan)
         seconds = time.perf_counter() - started
@@ -388,10 +394,29 @@ class Driver:
                     f"the default placement's {profiled * 1e3:.2f} ms when profiled")
         return None
 
-    def _try_next_plan(self, slower: str) -> None:
-        """The plan in force measured slower than the default placement: the runner-up of the
-        planning replaces it (once), and is timed in its turn."""
-        following, self._next_plan = self._next_plan, None
+    def _runner_up(self) -> tuple[Plan | None, str]:
+        """The plan to try once the plan in force measured slower than the default placement,
+        or ``(None, why none is)``: the best of the other candidates by ``rerank`` (a plan of
+        the same kind expected as far off its prediction as the measured one), when that is
+        expected more than 5 % faster than the default placement's profiled step."""
+        others, self._runners_up = self._runners_up, []
+        ranked = rerank(others, self.plan, self.report["measured_step_time"]) if self.plan.predicted_step_time else []
+        if not ranked:
+            return None, "no other plan is left to try"
+        best, expected = ranked[0]
+        # A switch costs a retrace and five more timed steps: it is worth them only for a plan
+        # expected faster than the default placement by more than the noise.
+        if expected < self.graph.metadata["plain_step_seconds"] * (1 - SLOWER_MARGIN):
+            return best, ""
+        scaled = "" if not same_kind(best, self.plan) else (
+            f" (predicted {best.predicted_step_time * 1e3:.2f} ms, a plan of the same kind, scaled by this plan's "
+            f"measured / predicted {self.report['measured_step_time'] / self.plan.predicted_step_time:.2f}x)")
+        return None, f"no other plan is tried: the best of them, {best.algorithm}, is expected at " \
+                     f"{expected * 1e3:.2f} ms{scaled}, not 5 % faster than the default placement"
+
+    def _try_next_plan(self, slower: str, following: Plan) -> None:
+        """The plan in force measured slower than the default placement: ``following`` replaces
+        it (once), and is timed in its turn."""
         self.report["plan_replaced"] = f"{self.plan.algorithm}: {slower}"
         self.reporter.say(f"kerasflow: {slower}; trying the next plan, {following.algorithm} (predicted "
                           f"{following.predicted_step_time * 1e3:.2f} ms)")
@@ -483,7 +508,7 @@ class Driver:
         self._trace = None
         self._read_back = False
         self._measured = None
-        self._next_plan = None
+        self._runners_up = []
         self.state = "default"
         self.fallback = reason
         self.reporter.warn(warning)

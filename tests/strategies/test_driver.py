@@ -1,6 +1,7 @@
 """The driver's promises on 4 logical CPUs: each model its own plan, no optional package undoes a
 plan, no failure ends fit, every optimizer keeps its state, and verbose=0 is silent."""
 
+import dataclasses
 import types
 import warnings
 
@@ -296,8 +297,25 @@ def plain_mlp_losses_for_two_epochs():
                                                 shuffle=False).history["loss"]
 
 
+def runners_up_predicted_at(monkeypatch, fraction):
+    """Plans inside fit as usual, but every candidate after the first predicted at ``fraction``
+    of the profiled default step (the real predictions sit near it on this machine, so whether
+    one is worth a try would be up to the profile's noise)."""
+    real = driver_module.ranked_plans
+
+    def ranked(graph, cluster, **kwargs):
+        first, *others = real(graph, cluster, **kwargs)
+        seconds = graph.metadata["plain_step_seconds"] * fraction
+        return [first] + [dataclasses.replace(plan, predicted_step_time=seconds) for plan in others]
+
+    monkeypatch.setattr(driver_module, "ranked_plans", ranked)
+
+
 def test_a_plan_measured_slower_than_the_default_placement_is_dropped(monkeypatch):
+    # The runner-up, predicted at half the default step, is tried, and measures 1 s too.
+    runners_up_predicted_at(monkeypatch, 0.5)
     callback, losses, said = fit_mlp_on_a_clock(monkeypatch, 1.0)
+    assert callback.report["plan_replaced"].split(": ")[0] in callback.report["candidates"]  # the first gave way
     profiled = callback.profile.metadata["plain_step_seconds"]
     assert 0 < profiled < 0.5
     reason = (f"the plan measured 1000.00 ms a step, {1.0 / profiled - 1:.0%} slower than the default "
@@ -313,7 +331,9 @@ def test_a_plan_measured_slower_than_the_default_placement_is_dropped(monkeypatc
 
 
 def test_a_plan_measured_slower_gives_way_to_the_runner_up_which_stays_when_faster(monkeypatch):
-    # Each planned step "lasts" 1 s until the first plan is replaced, then 1 us.
+    # Each planned step "lasts" 1 s until the first plan is replaced, then 1 us; the runner-up
+    # is predicted at half the default step.
+    runners_up_predicted_at(monkeypatch, 0.5)
     callback, losses, said = fit_mlp_on_a_clock(
         monkeypatch, lambda callback: 1e-6 if "plan_replaced" in callback.report else 1.0)
     first, reason = callback.report["plan_replaced"].split(": ", 1)
@@ -324,6 +344,40 @@ def test_a_plan_measured_slower_gives_way_to_the_runner_up_which_stays_when_fast
     assert callback.report["measured_step_time"] == pytest.approx(1e-6)
     assert callback.placement_report() == []
     assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
+
+
+def test_a_plan_measured_slower_is_dropped_at_once_when_every_runner_up_is_of_its_kind(monkeypatch):
+    # replicated="off": every candidate places the step whole, like the first plan, which
+    # measures 1 s against its prediction of a few ms; each runner-up is expected that many
+    # times slower than its own prediction, so none is tried (no second retrace).
+    callback, losses, said = fit_mlp_on_a_clock(monkeypatch, 1.0, replicated="off")
+    report = callback.report
+    assert "plan_replaced" not in report
+    ratio = 1.0 / report["predicted_step_time"]
+    best, predicted = min(((name, seconds) for name, seconds in report["candidates"].items()
+                           if name != report["algorithm"]), key=lambda pair: pair[1])
+    profiled = callback.profile.metadata["plain_step_seconds"]
+    reason = (f"the plan measured 1000.00 ms a step, {1.0 / profiled - 1:.0%} slower than the default placement's "
+              f"{profiled * 1e3:.2f} ms when profiled; no other plan is tried: the best of them, {best}, is expected "
+              f"at {predicted * ratio * 1e3:.2f} ms (predicted {predicted * 1e3:.2f} ms, a plan of the same kind, "
+              f"scaled by this plan's measured / predicted {ratio:.2f}x), not 5 % faster than the default placement")
+    assert report["plan_dropped"] == reason and callback.placement_report().fallback == reason
+    assert said == [f"kerasflow: {reason}; training continues on the default placement. Pass "
+                    "drop_slower_plan=False to keep a slower plan."]
+    assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
+
+
+def test_a_runner_up_not_expected_5_percent_faster_than_the_default_placement_is_not_tried(monkeypatch):
+    # The others are predicted at 0.99x the default step: the best is of the other kind (its
+    # prediction stands), short of the 5 % a retrace and five more slow steps must buy.
+    runners_up_predicted_at(monkeypatch, 0.99)
+    callback, _, said = fit_mlp_on_a_clock(monkeypatch, 1.0)
+    assert "plan_replaced" not in callback.report
+    profiled = callback.profile.metadata["plain_step_seconds"]
+    assert said and said[0].endswith(
+        f"is expected at {profiled * 0.99 * 1e3:.2f} ms, not 5 % faster than the default placement; training "
+        "continues on the default placement. Pass drop_slower_plan=False to keep a slower plan.")
+    assert "; no other plan is tried: the best of them, " in said[0]
 
 
 @pytest.mark.parametrize("seconds_a_call, options", [(1e-6, {}), (1.0, {"drop_slower_plan": False})])
