@@ -304,7 +304,11 @@ class PlanApplier:
         # constants cost nothing to order, and a constant with control inputs is folded
         # otherwise: MobileNetV2's planned step rounded differently from plain Keras
         # (bit-identical without them) and an output Identity left its planned device.
-        if op.type == "Placeholder" or _stateful(op) or id(op) in folded:
+        # Metadata ops (shapes, reshapes, identities) take no time, and Grappler's arithmetic
+        # optimizer removes or merges them, moving their control edges to their neighbours: on
+        # the mnist convnet, a bias Reshape -> Squeeze so removed closed a cycle through the
+        # backward pass. The order goes around them.
+        if op.type in METADATA_OP_TYPES or _stateful(op) or id(op) in folded:
             return None
         return op
 

@@ -83,6 +83,20 @@ def test_ops_folded_into_constants_are_left_out_of_the_order():
     assert all(not ops[name].control_inputs for name in ("k", "n", "n_float", "kn"))
 
 
+def test_metadata_ops_are_left_out_of_the_order():
+    # Grappler removes a Reshape -> Squeeze pair that cancels out and hands their control
+    # edges to their neighbours: on the mnist convnet that closed a cycle. The order goes
+    # around such ops (they take no time).
+    def reshaped(p):
+        tf.squeeze(tf.reshape(p, [1, 2], name="r"), name="s")
+    ops = two_branches(reshaped)
+    order = ["y", "r", "s", "x"]
+    plan = Plan(placement={name: "/CPU:0" for name in order}, order={"/CPU:0": order})
+    report = PlanApplier(plan, None, ["/CPU:0"]).apply(list(ops.values()), {})
+    assert [op.name for op in ops["x"].control_inputs] == ["y"] and report.ordered_edges == 1
+    assert not ops["r"].control_inputs and not ops["s"].control_inputs
+
+
 def test_an_order_against_the_data_flow_is_skipped_and_reported():
     def chain_of_an_input():
         p = tf.compat.v1.placeholder(tf.float32, name="dense/p")

@@ -31,7 +31,8 @@ def ordered_plans():
 def traced_copies(order):
     """The ops of a TensorFlow graph with one op per task of ``order``, named as the
     plan-applying step names the copies (wave and shard scopes around the profiled name).
-    Each is an Identity: the applier is given the profile retyped to match (``as_identities``)."""
+    Each is a Neg (an op that runs a kernel; the order goes around metadata ops): the applier
+    is given the profile retyped to match (``as_negations``)."""
     graph = tf.Graph()
     by_task = {}
     with graph.as_default():
@@ -44,7 +45,7 @@ def traced_copies(order):
                 scopes = [wave_scope(wave)] * (wave >= 0) + [shard_scope(shard)] * (shard >= 0)
                 # A trailing "/" re-enters the scope as is (the step enters it once per copy).
                 with graph.name_scope("/".join(scopes) + "/") if scopes else contextlib.nullcontext():
-                    by_task[task] = tf.identity(source, name=base)
+                    by_task[task] = tf.math.negative(source, name=base)
     return [op for op in graph.get_operations() if op is not source.op], by_task
 
 
@@ -58,7 +59,7 @@ def test_validation_simulation_and_the_applier_run_the_same_order(kind, graph, c
     simulated = simulate(graph, cluster, candidate).start_order()
     assert simulated == {device: list(tasks) for device, tasks in candidate.order.items()}
     ops, by_task = traced_copies(candidate.order)
-    applier = PlanApplier(candidate, as_identities(graph), cluster.device_names)
+    applier = PlanApplier(candidate, as_negations(graph), cluster.device_names)
     report = applier.apply(ops, {})
     assert applier.not_applied() == [] and report.order_skipped == ""
     for tasks in candidate.order.values():
@@ -66,8 +67,8 @@ def test_validation_simulation_and_the_applier_run_the_same_order(kind, graph, c
             assert by_task[before].op in by_task[after].op.control_inputs, (kind, before, after)
 
 
-def as_identities(graph):
-    return graph.with_ops(dataclasses.replace(op, type="Identity") for op in graph.ops)
+def as_negations(graph):
+    return graph.with_ops(dataclasses.replace(op, type="Neg") for op in graph.ops)
 
 
 def test_a_planned_op_missing_from_the_trace_or_of_another_type_is_left_out_and_reported():
