@@ -38,8 +38,10 @@ def fit_arguments(pattern: Pattern):
 
 def train(pattern: Pattern, route: str | None):
     """(model, loss history, the door) for one pattern through one route (None: plain Keras)."""
-    args, kwargs = fit_arguments(pattern)
+    # The seed first: a tf.data shuffle with an op seed also takes the global seed when it is
+    # made, so data made before it was set came in another order in a process's first run.
     keras.utils.set_random_seed(7)
+    args, kwargs = fit_arguments(pattern)
     door = None
     if route == "strategy":
         door = kerasflow.FastTStrategy(**DOOR)
