@@ -410,7 +410,7 @@ class Driver:
             return best, ""
         scaled = "" if not same_kind(best, self.plan) else (
             f" (predicted {best.predicted_step_time * 1e3:.2f} ms, a plan of the same kind, scaled by this plan's "
-            f"measured / predicted {self.report['measured_step_time'] / self.plan.predicted_step_time:.2f}x)")
+            f"measured / predicted {expected / best.predicted_step_time:.2f}x)")
         return None, f"no other plan is tried: the best of them, {best.algorithm}, is expected at " \
                      f"{expected * 1e3:.2f} ms{scaled}, not 5 % faster than the default placement"
 
