@@ -14,8 +14,9 @@ state step time:
 - ``fastt_split``: the same with op splitting on (``FastTStrategy(split=True)``);
 - ``fastt_guarded``: ``FastTStrategy()`` as ``fit`` runs it for a user: the other two keep
   their plan whatever it measures (``drop_slower_plan=False``, to time the plan itself); this
-  one drops a plan that measured more than 5 % slower than the default placement, and its
-  later steps run on the default placement ("dropped" in the plan column);
+  one times its plan in alternation with the default placement and drops a plan that measured
+  more than 3 % slower (after one runner-up), and its later steps run on the default placement
+  ("dropped" in the plan column);
 - ``fastt_on``: the same with ``replicated="on"``: the planner may also give each replica its
   own BatchNormalization statistics, ``MirroredStrategy``'s math
   (``data_parallel_replica_statistics``; the losses then differ from one device's).
@@ -27,7 +28,8 @@ statistics, where ``MirroredStrategy``'s use each replica's own).
 For FastT it also prints the one-time cost (profile + plan, plus the extra time of the first
 planned step, which retraces), the plans the rounds chose, and the planner's predicted step
 time; the simulator's error is the median over rounds of each round's prediction against that
-round's own measured step (rounds may choose different plans from their own profiles).
+round's own measured step (rounds may choose different plans from their own profiles). A FastT
+setup's steady steps start two steps after its plan's timing (``report["settled_step"]``).
 
 Usage:
     python benchmarks/cpu_testbed.py [--models mlp cnn resnet lstm transformer] [--steps 60] [--rounds 3]
@@ -84,7 +86,8 @@ def worker(setup: str, model_name: str, steps: int) -> dict:
     result = {"setup": setup, "model": model_name, "batch": batch}
     if setup.startswith("fastt"):
         first_planned = strategy.options.warmup_steps + strategy.options.profile_steps
-        steady = durations[first_planned + 3:]
+        # From two steps after the plan's timing (a dropped plan's first default step retraces).
+        steady = durations[strategy.report.get("settled_step", first_planned) + 2:]
         dropped = "plan_dropped" in strategy.report
         result["predicted"] = strategy.plan.predicted_step_time if strategy.plan and not dropped else None
         result["algorithm"] = strategy.plan.algorithm if strategy.plan else "failed"

@@ -17,12 +17,16 @@ the train function is rebuilt, so the next step runs on the plan (``planned``). 
 call of the planned train function is guarded: whatever fails in it (tracing, a refused
 placement, an order TensorFlow rejects) first drops the per-device order, then goes back
 to the default placement for that same call. A failure anywhere warns once, naming the
-cause, and training continues on the default placement (``default``). Five planned steps
-after the rebuild are timed; a plan they measure more than 5 % slower a step than the
-default placement measured when profiled gives way to the best other candidate by
-``planner.rerank`` (once), timed the same way, when that one is expected more than 5 % faster; a plan
-still slower is dropped the same way (unless
-``drop_slower_plan=False``, which keeps the first plan whatever it measures).
+cause, and training continues on the default placement (``default``). After the rebuild
+the plan is timed side by side with the default placement (``SideBySide``): six of fit's
+steps on the plan alternate with six on the default placement, run on the variables as they
+were before the plan moved them (``HomeVariables``), the same values, so training goes on
+either way. A plan whose median ratio to the default step is more than 3 % slower gives way
+to the best other candidate by ``planner.rerank`` (once), timed the same way, when that one is
+expected more than 5 % faster than the default step; a plan still slower is dropped the same
+way. With ``drop_slower_plan=False``, and for a plan given with ``plan=`` (the user's choice),
+the plan stays whatever it measures, and six planned steps are timed for the report (against
+the default step as profiled, when it was).
 
 A ``plan=`` given up front skips profiling: it is checked against the model after step 0
 and applied from step 1.
@@ -54,8 +58,9 @@ from kerasflow.strategies.options import Options
 from kerasflow.strategies.readback import PlacementReport, read_back, start_recording
 from kerasflow.strategies.replicas import Replicas
 from kerasflow.strategies.reporting import Reporter
+from kerasflow.strategies.side_by_side import SideBySide
 from kerasflow.strategies.steps import PlannedStep
-from kerasflow.strategies.variables import current_homes, group_devices, move_variables
+from kerasflow.strategies.variables import HomeVariables, current_homes, group_devices, move_variables
 
 __all__ = ["Driver"]
 
@@ -97,9 +102,10 @@ class Driver:
         self._read_back = False
         self._verify_pending = False
         self._homes_before: dict[str, str] = {}
-        self._step_started = 0.0
-        self._measured: list[float] | None = None
-        self._planned_from = 0  # the first step the plan in force runs (it retraces: not timed)
+        self._home_variables: HomeVariables | None = None  # the variables before the plan moved them
+        self._default_function: Callable | None = None  # the default placement's train function, for the timing
+        self.trial: SideBySide | None = None  # the plan in force timed beside the default placement
+        self.running_default = False  # True while a timed step of the default placement runs
         self._runners_up: list[Plan] = []  # the other candidates; the best is tried once if the plan measures slower
 
     # ------------------------------------------------------------------ attach
@@ -175,7 +181,6 @@ class Driver:
     # ------------------------------------------------------------------ per step
     def before_step(self) -> None:
         """Called before each call of the train function."""
-        self._step_started = time.perf_counter()
         if self.state not in ("warming_up", "profiling", "planned"):
             return
         first, last = self._window()
@@ -207,14 +212,17 @@ class Driver:
                 stage = "reading the placement back"
                 self._read_back = False
                 self.mismatches, self.transfers = read_back(self.applier)
+                # A plan given with plan= is the user's choice: timed for the report only.
+                self.trial = SideBySide(TIMED_ROUNDS, against_default=self.options.drop_slower_plan and
+                                        self.options.plan is None)
             if self._verify_pending and self.spec is not None:
                 stage = "applying the given plan"
                 self._verify_given_plan()
             elif self.plan is None and self.step == self._window()[1]:
                 self._plan_and_rebuild()
-            elif self.state == "planned" and self._measured is not None:
+            elif self.state == "planned" and self.trial is not None and self.trial.done:
                 stage = "timing the planned step"
-                slower = self._measure_planned_step()
+                slower = self._judge_trial()
                 if slower is not None and self._runners_up:
                     stage = "switching to the next plan"
                     following, passed_over = self._runner_up()
@@ -227,7 +235,7 @@ class Driver:
             raise
         except Exception as error:  # noqa: BLE001 - never lose the user's training
             if stage == "timing the planned step":
-                self._measured = None  # an optional output: it never undoes the plan
+                self.trial = None  # an optional output: it never undoes the plan
                 self.reporter.warn(f"kerasflow: {stage} failed ({_describe(error)}); the plan stays in force.")
             else:
                 self.fall_back(stage, error)
@@ -342,7 +350,8 @@ class Driver:
             self._homes_before = current_homes(self.model)
         self._say_what_replicas_change(plan)
         self.plan = plan
-        self._planned_from = self.step + 1
+        if self._home_variables is None:
+            self._home_variables = HomeVariables(self.model)
         move_variables(self.model, group_devices(plan, self.graph), creating=self.creating)
         self.replicas = None
         if plan.data_parallel is not None:
@@ -353,7 +362,7 @@ class Driver:
         self._install()
         self.rebuild()
         self._read_back = True
-        self._measured = []
+        self.trial = None  # timed from the step after the first, which retraces
 
     def _say_what_replicas_change(self, plan: Plan) -> None:
         """One line when replicas run layers whose math depends on the whole batch on their own
@@ -370,43 +379,43 @@ class Driver:
                 "(batch statistics or random numbers of their own, as MirroredStrategy computes them), so the "
                 "losses differ from one device's. Plan with replicated='auto' to keep the model's math.")
 
-    _MEASURED_STEPS = 5
-
-    def _measure_planned_step(self) -> str | None:
-        """Times planned steps (the first one, which retraces, is left out), then says once what
-        a step measured against the prediction and writes the TensorBoard scalars. Returns why
-        the plan must be dropped when it measured slower than the default placement, else None."""
-        if self._read_back or self.step <= max(self._window()[1] + 1, self._planned_from):
-            return None
-        self._measured.append((time.perf_counter() - self._step_started) / _compat.steps_per_call(self.model))
-        if len(self._measured) < self._MEASURED_STEPS:
-            return None
-        measured = float(np.median(self._measured))
-        self._measured = None
+    def _judge_trial(self) -> str | None:
+        """Says once what the plan measured against its prediction and the default placement,
+        and writes the TensorBoard scalars. Returns why the plan must be dropped when it measured
+        slower than the default placement side by side, else None."""
+        trial, self.trial = self.trial, None
+        measured, default, ratio = trial.planned_seconds, trial.default_seconds, trial.ratio
         self.report["measured_step_time"] = measured
         profiled = self.graph.metadata.get("plain_step_seconds") if self.graph is not None else None
-        self.report["measured_summary"] = self.reporter.measured(self.plan, measured, profiled)
+        if default is not None:
+            self.report["default_step_time"] = default
+            line = self.reporter.measured(self.plan, measured, default=default, speedup=1 / ratio)
+        else:
+            line = self.reporter.measured(self.plan, measured, profiled=profiled)
+        self.report["measured_summary"] = line
+        self.report["settled_step"] = self.step + 1
         if self.options.log_dir:
             self.reporter.write_scalars(self.options.log_dir, self.step, self.plan, self.graph, self.cluster(),
                                         measured)
-        if self.options.drop_slower_plan and profiled and measured > profiled * (1 + SLOWER_MARGIN):
-            return (f"the plan measured {measured * 1e3:.2f} ms a step, {measured / profiled - 1:.0%} slower than "
-                    f"the default placement's {profiled * 1e3:.2f} ms when profiled")
+        if ratio is not None and ratio > 1 + SLOWER_MARGIN:
+            return (f"the plan measured {measured * 1e3:.2f} ms a step, slower than the default placement's "
+                    f"{default * 1e3:.2f} ms in alternating steps ({ratio:.2f}x its step, the median of "
+                    f"{TIMED_ROUNDS} rounds)")
         return None
 
     def _runner_up(self) -> tuple[Plan | None, str]:
         """The plan to try once the plan in force measured slower than the default placement,
         or ``(None, why none is)``: the best of the other candidates by ``rerank`` (a plan of
         the same kind expected as far off its prediction as the measured one), when that is
-        expected more than 5 % faster than the default placement's profiled step."""
+        expected more than 5 % faster than the default placement's step timed beside it."""
         others, self._runners_up = self._runners_up, []
         ranked = rerank(others, self.plan, self.report["measured_step_time"]) if self.plan.predicted_step_time else []
         if not ranked:
             return None, "no other plan is left to try"
         best, expected = ranked[0]
-        # A switch costs a retrace and five more timed steps: it is worth them only for a plan
+        # A switch costs a retrace and another timing: it is worth them only for a plan
         # expected faster than the default placement by more than the noise.
-        if expected < self.graph.metadata["plain_step_seconds"] * (1 - SLOWER_MARGIN):
+        if expected < self.report["default_step_time"] * (1 - RUNNER_UP_GAIN):
             return best, ""
         scaled = "" if not same_kind(best, self.plan) else (
             f" (predicted {best.predicted_step_time * 1e3:.2f} ms, a plan of the same kind, scaled by this plan's "
@@ -433,6 +442,8 @@ class Driver:
             if driver.state != "planned":
                 return driver.run_on_default(iterator)
             try:
+                if driver.trial is not None and not driver.trial.done:
+                    return driver.run_timed(planned, iterator)
                 return planned(iterator)
             except _NOT_OURS:
                 raise
@@ -451,6 +462,44 @@ class Driver:
 
         guarded._kerasflow_guarded = True
         object.__setattr__(self.model, "train_function", guarded)
+
+    def run_timed(self, planned: Callable, iterator):
+        """One call of the train function while the plan is timed: the plan's, or the default
+        placement's when the trial says so, timed to its outputs. A default step that fails ends
+        the timing (the plan stays in force) and the plan runs the call."""
+        trial = self.trial
+        if not trial.runs_default:
+            outputs, seconds = _timed(planned, iterator)
+        else:
+            try:
+                outputs, seconds = self._run_default_step(iterator)
+            except _NOT_OURS:
+                raise
+            except Exception as error:  # noqa: BLE001 - an optional measurement: it never undoes the plan
+                self.trial = None
+                self.reporter.warn(f"kerasflow: timing the default placement beside the plan failed "
+                                   f"({_describe(error)}); the plan stays in force.")
+                return planned(iterator)
+        trial.record(seconds / _compat.steps_per_call(self.model))
+        return outputs
+
+    def _run_default_step(self, iterator):
+        """(outputs, seconds) of one step of the default placement: the model's own train_step,
+        traced by Keras on the variables before the plan moved them, which take the planned
+        values first and give theirs back after (the replicas' copies too)."""
+        try:
+            with self._unplanned(), self._home_variables.at_home():
+                if self._default_function is None:
+                    kept = self.model.train_function
+                    self.model.make_train_function(force=True)  # Keras takes the train_step it sees now
+                    self._default_function = self.model.train_function
+                    object.__setattr__(self.model, "train_function", kept)
+                self.running_default = True
+                return _timed(self._default_function, iterator)
+        finally:  # the model's own variables hold the step's values again: the replicas take them
+            self.running_default = False
+            if self.replicas is not None:
+                self.replicas.refresh()
 
     def cluster(self) -> Cluster:
         """The cluster planned for: given, the CPU testbed for logical CPUs, else measured."""
@@ -507,7 +556,7 @@ class Driver:
             self._profiler = None
         self._trace = None
         self._read_back = False
-        self._measured = None
+        self.trial = None
         self._runners_up = []
         self.state = "default"
         self.fallback = reason
@@ -556,9 +605,15 @@ class Driver:
 # gigabytes over a slow network, short enough that a silent task does not hang fit for good.
 _MOVE_BACK_SECONDS = 120
 
-# How much slower than the default placement a plan may measure before it is dropped: on a
-# shared machine one setup's step time varies by a few percent from run to run.
-SLOWER_MARGIN = 0.05
+# How much slower than the default placement, side by side, a plan may measure before it is
+# dropped: the median ratio of alternating rounds still varies by a few percent on a shared
+# machine.
+SLOWER_MARGIN = 0.03
+# How much faster than the default placement a runner-up must be expected to be tried: a switch
+# costs a retrace and another timing.
+RUNNER_UP_GAIN = 0.05
+# The rounds of a side-by-side timing (one planned and one default step each).
+TIMED_ROUNDS = 6
 
 _FIX = ("If this persists, report it with the model's code, or plan offline with kerasflow.profiling."
         "profile_model and kerasflow.plan and pass plan=.")
@@ -609,6 +664,19 @@ def _describe(error: BaseException) -> str:
     if len(lines) > 1 and lines[0].startswith(_KERAS_WRAPPER):
         lines = lines[1:]
     return f"{type(error).__name__}: {lines[0] if lines else ''}"[:400]
+
+
+def _timed(function: Callable, iterator) -> tuple[Any, float]:
+    """(outputs, seconds) of one call of a train function, up to its outputs' values."""
+    started = time.perf_counter()
+    outputs = function(iterator)
+    values = outputs
+    if isinstance(outputs, tf.experimental.Optional):  # Keras 3's train function
+        values = outputs.get_value() if outputs.has_value() else []
+    for value in tf.nest.flatten(values):
+        if isinstance(value, tf.Tensor):
+            value.numpy()
+    return outputs, time.perf_counter() - started
 
 
 def _batch_size(batch) -> int:

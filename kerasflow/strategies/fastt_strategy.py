@@ -88,11 +88,13 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             profiling, planning, rebuilding) and the plan's report line; 0 prints nothing, not
             even the TensorFlow profiler's log lines.
         on_mismatch: ``"error"`` or ``"replan"`` for a ``plan=`` that does not fit the model.
-        drop_slower_plan: after the rebuild, five planned steps are timed; when their median is
-            more than 5 % slower than the default placement's step (timed while profiling),
-            the plan is dropped with one warning and training continues on the default
-            placement (default True; False keeps it; a ``plan=`` given up front is never
-            profiled, so it is kept).
+        drop_slower_plan: after the rebuild, six planned steps are timed in alternation with
+            six steps of the default placement (on the variables as they were before the plan,
+            the same values carried across); when the median of the rounds' ratios is more
+            than 3 % slower, the best other candidate is tried once if it is expected more than
+            5 % faster, and a plan still slower is dropped with one warning: training continues
+            on the default placement (default True; False keeps the first plan and times only
+            it; a ``plan=`` given up front is the user's choice: timed only, and kept).
         cluster_resolver: several machines: a ``tf.distribute.cluster_resolver.ClusterResolver``
             (default: ``TFConfigClusterResolver`` when ``TF_CONFIG`` is set). The strategy
             connects to the cluster (every other task runs ``python -m kerasflow.worker``),
@@ -230,11 +232,13 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         """What planning did for the model trained last: ``plan_seconds`` (profile + plan +
         rebuild), ``algorithm``, ``predicted_step_time``, ``candidates``, ``tie_margin`` (candidates
         predicted this close to the fastest were tied, from the profile's noise), ``summary`` (the
-        printed line) and, once the plan has run 5 steps after its first, ``measured_step_time``
-        (their median, seconds per train step) and ``measured_summary`` (the printed line: measured
-        against predicted and against the default placement's profiled step), and
-        ``plan_dropped`` (why) when that step measured slower and the plan was dropped; empty
-        before planning."""
+        printed line) and, once the plan was timed (``drop_slower_plan``), ``measured_step_time``
+        (the median planned step, seconds per train step), ``default_step_time`` (the median step
+        of the default placement timed beside it; not for ``drop_slower_plan=False`` or a given
+        plan), ``measured_summary`` (the printed line), ``settled_step`` (the first step of fit
+        after the timing), ``plan_replaced`` (which plan gave way to the runner-up, and why) and
+        ``plan_dropped`` (why) when the plan measured slower and was dropped; empty before
+        planning."""
         driver = self._driver_of()
         return dict(driver.report) if driver is not None else {}
 

@@ -95,6 +95,16 @@ class Replicas:
         for variable, copy in zip(self._variables, self._copies[replica]):
             variable._value = copy
 
+    def refresh(self) -> None:
+        """Gives every copy and every optimizer clone the model's own values (after a step that
+        updated only those, such as a step of the default placement)."""
+        own, optimizer = self._copies[0], self._optimizers[0]
+        for copies, clone in zip(self._copies[1:], self._optimizers[1:]):
+            for value, copy in zip(own, copies):
+                copy.assign(value)
+            for value, copy in zip(optimizer.variables, clone.variables):
+                copy.assign(value)
+
     def trainable(self, replica: int) -> list[tf.Variable]:
         """Replica ``replica``'s TensorFlow variables behind the model's trainable weights, in
         ``model.trainable_variables``' order (the order of the gradients and of the update)."""

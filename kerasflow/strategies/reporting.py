@@ -62,16 +62,18 @@ class Reporter:
         self.say(line)
         return line
 
-    def measured(self, plan: Plan, measured: float, default: float | None) -> str:
+    def measured(self, plan: Plan, measured: float, *, default: float | None = None, speedup: float | None = None,
+                 profiled: float | None = None) -> str:
         """The one line once the plan has run a few steps: the measured step against the predicted
-        one and, when a profile timed it, against the default placement's step.
+        one and against the default placement's step, timed in alternation with the plan
+        (``default``, and the plan's ``speedup``: the median over rounds) or when profiled.
 
         Example:
             >>> from kerasflow.planner import Plan
-            >>> Reporter(verbose=0).measured(Plan(predicted_step_time=0.010), 0.012, 0.011)
-            'kerasflow: the plan measured 12.00 ms a step (predicted 10.00 ms: 20% slower than predicted); the default placement measured 11.00 ms when profiled: 0.92x'
-            >>> Reporter(verbose=0).measured(Plan(), 0.012, None)
-            'kerasflow: the plan measured 12.00 ms a step'
+            >>> Reporter(verbose=0).measured(Plan(predicted_step_time=0.010), 0.012, default=0.011, speedup=0.9)
+            'kerasflow: the plan measured 12.00 ms a step (predicted 10.00 ms: 20% slower than predicted); the default placement measured 11.00 ms in alternating steps: 0.90x'
+            >>> Reporter(verbose=0).measured(Plan(), 0.012, profiled=0.011)
+            'kerasflow: the plan measured 12.00 ms a step; the default placement measured 11.00 ms when profiled: 0.92x'
         """
         line = f"kerasflow: the plan measured {measured * 1e3:.2f} ms a step"
         predicted = plan.predicted_step_time
@@ -79,8 +81,10 @@ class Reporter:
             error = (measured - predicted) / predicted
             line += (f" (predicted {predicted * 1e3:.2f} ms: {abs(error):.0%} "
                      f"{'slower' if error >= 0 else 'faster'} than predicted)")
-        if default:
-            line += f"; the default placement measured {default * 1e3:.2f} ms when profiled: {default / measured:.2f}x"
+        if default and speedup:
+            line += f"; the default placement measured {default * 1e3:.2f} ms in alternating steps: {speedup:.2f}x"
+        elif profiled:
+            line += f"; the default placement measured {profiled * 1e3:.2f} ms when profiled: {profiled / measured:.2f}x"
         self.say(line)
         return line
 

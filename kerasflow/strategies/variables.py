@@ -18,7 +18,7 @@ from kerasflow import _compat
 from kerasflow.planner.plan import Plan
 from kerasflow.devices import normalize_device
 
-__all__ = ["move_variables", "group_devices", "current_homes"]
+__all__ = ["move_variables", "group_devices", "current_homes", "HomeVariables"]
 
 
 def _swap(variable, device: str, creating) -> bool:
@@ -87,3 +87,49 @@ def move_variables(model, homes: dict[str, str], *, creating=None) -> int:
             moved += _swap(variable, device, creating)
     _compat.reindex_optimizers(model)
     return moved
+
+
+class HomeVariables:
+    """The TensorFlow variables behind a model's variables before a plan moved them, kept beside
+    the planned ones, so that ``fit`` can run a step of the default placement between planned
+    ones (to time the plan beside it) and carry on from the same values.
+
+    Outside ``at_home`` the model's variables are the planned ones, up to date, as everything
+    else (evaluation, checkpoints, callbacks) expects; inside, they are the home ones, holding
+    the same values, and leaving copies back whatever the default step changed.
+
+    Args:
+        model: the model, before its variables are moved.
+
+    Example:
+        >>> import keras
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> homes = HomeVariables(model)
+        >>> kernel = model.layers[0].kernel
+        >>> _ = move_variables(model, {kernel.path: "/CPU:1"})
+        >>> with homes.at_home():
+        ...     print(kernel.value.device.endswith("CPU:0"))
+        True
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self._homes = [(variable, variable._value) for variable in _everything(model) if hasattr(variable, "_value")]
+
+    @contextlib.contextmanager
+    def at_home(self):
+        """While inside, every moved variable is its home variable, given the planned value."""
+        moved = [(variable, variable._value, home) for variable, home in self._homes if variable._value is not home]
+        for variable, planned, home in moved:
+            home.assign(planned)
+            variable._value = home
+        if moved:
+            _compat.reindex_optimizers(self.model)
+        try:
+            yield
+        finally:
+            for variable, planned, home in moved:
+                planned.assign(home)
+                variable._value = planned
+            if moved:
+                _compat.reindex_optimizers(self.model)
