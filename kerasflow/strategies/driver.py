@@ -40,7 +40,6 @@ import re
 import time
 from typing import Any, Callable
 
-import numpy as np
 import tensorflow as tf
 
 from kerasflow import _compat
@@ -235,7 +234,7 @@ class Driver:
             raise
         except Exception as error:  # noqa: BLE001 - never lose the user's training
             if stage == "timing the planned step":
-                self.trial = None  # an optional output: it never undoes the plan
+                self._stop_timing()  # an optional output: it never undoes the plan
                 self.reporter.warn(f"kerasflow: {stage} failed ({_describe(error)}); the plan stays in force.")
             else:
                 self.fall_back(stage, error)
@@ -401,7 +400,14 @@ class Driver:
             return (f"the plan measured {measured * 1e3:.2f} ms a step, slower than the default placement's "
                     f"{default * 1e3:.2f} ms in alternating steps ({ratio:.2f}x its step, the median of "
                     f"{TIMED_ROUNDS} rounds)")
+        self._stop_timing()  # the plan stays
         return None
+
+    def _stop_timing(self) -> None:
+        """Ends the timing for good: the variables before the plan and the default placement's
+        train function are let go (they hold memory on the default device)."""
+        self.trial = None
+        self._home_variables = self._default_function = None
 
     def _runner_up(self) -> tuple[Plan | None, str]:
         """The plan to try once the plan in force measured slower than the default placement,
@@ -476,7 +482,7 @@ class Driver:
             except _NOT_OURS:
                 raise
             except Exception as error:  # noqa: BLE001 - an optional measurement: it never undoes the plan
-                self.trial = None
+                self._stop_timing()
                 self.reporter.warn(f"kerasflow: timing the default placement beside the plan failed "
                                    f"({_describe(error)}); the plan stays in force.")
                 return planned(iterator)
@@ -556,7 +562,7 @@ class Driver:
             self._profiler = None
         self._trace = None
         self._read_back = False
-        self.trial = None
+        self._stop_timing()
         self._runners_up = []
         self.state = "default"
         self.fallback = reason
