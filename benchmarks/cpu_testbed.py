@@ -2,7 +2,8 @@
 
 Seven setups, each in its own process (TensorFlow's threading is fixed when it starts), run
 in alternation ``--rounds`` times; per setup the median over rounds of the median steady-
-state step time:
+state step time, its ratio to the better of ``default`` and ``mirrored`` and, as the load of a
+shared machine moves between processes, the median over rounds of each round's own ratio:
 
 - ``default``: TensorFlow's default threading, one device (``OneDeviceStrategy("/CPU:0")``);
 - ``default_testbed_threads``: the default placement (no strategy) in a process with the
@@ -125,9 +126,13 @@ def main() -> None:
     for model in args.models:
         default = statistics.median(r["step"] for r in results[(model, "default")])
         better = min(default, statistics.median(r["step"] for r in results[(model, "mirrored")]))
+        # Each round's better baseline, for the median of the rounds' own ratios.
+        better_per_round = [min(d["step"], m["step"]) for d, m in zip(results[(model, "default")],
+                                                                      results[(model, "mirrored")])]
         for setup in SETUPS:
             runs = results[(model, setup)]
             step = statistics.median(r["step"] for r in runs)
+            per_round = statistics.median(r["step"] / b for r, b in zip(runs, better_per_round))
             batch = runs[0]["batch"]
             extra = ["", "", "", ""]
             if setup.startswith("fastt"):
@@ -144,12 +149,12 @@ def main() -> None:
                     error = statistics.median((r["predicted"] - r["step"]) / r["step"] for r in kept)
                     extra[2:] = [f"{predicted * 1e3:.2f}", f"{error * 100:+.0f}%"]
             rows.append([model, setup, str(batch), f"{step * 1e3:.2f}", f"{batch / step:,.0f}",
-                         f"{default / step:.2f}x", f"{step / better:.2f}"] + extra)
+                         f"{default / step:.2f}x", f"{step / better:.2f}", f"{per_round:.2f}"] + extra)
     print()
     print(f"CPU testbed: 2 logical CPUs (1 intra-op thread each, 2 inter-op threads) vs default threading on one "
           f"device; medians of {args.rounds} alternating rounds of {args.steps} steps ({machine()})")
     print(format_table(["model", "setup", "batch", "step ms", "samples/s", "vs default", "step / better baseline",
-                        "plan", "one-time s", "predicted ms", "simulator error"], rows))
+                        "median of rounds' ratios", "plan", "one-time s", "predicted ms", "simulator error"], rows))
 
 
 def _plans(runs: list[dict]) -> str:
