@@ -420,6 +420,19 @@ def test_default_steps_timed_between_planned_ones_keep_the_math_and_the_plan(mon
         assert {kernel.value.device.split("/")[-1] for kernel in kernels} != {"device:CPU:0"}
 
 
+def test_a_default_step_that_fails_ends_the_timing_and_the_plan_stays(monkeypatch):
+    def refuse(self, iterator):
+        raise RuntimeError("no default step today")
+
+    monkeypatch.setattr(driver_module.Driver, "_run_default_step", refuse)
+    callback, losses, said = fit_mlp_on_a_clock(monkeypatch, 1.0)  # a plan that slow would be dropped
+    assert said == ["kerasflow: timing the default placement beside the plan failed (RuntimeError: no default "
+                    "step today); the plan stays in force."]
+    assert callback.plan_in_force and "measured_step_time" not in callback.report
+    assert callback.driver.trial is None
+    assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
+
+
 def test_replicas_after_a_plan_that_moved_the_variables_take_the_default_steps_values(monkeypatch):
     # Layer-wise first (it moves variables off /CPU:0), then data parallelism (back on /CPU:0,
     # as new variables, copied per replica): each default step of the second timing runs on the
