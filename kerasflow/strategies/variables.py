@@ -95,8 +95,9 @@ class HomeVariables:
     ones (to time the plan beside it) and carry on from the same values.
 
     Outside ``at_home`` the model's variables are the planned ones, up to date, as everything
-    else (evaluation, checkpoints, callbacks) expects; inside, they are the home ones, holding
-    the same values, and leaving copies back whatever the default step changed.
+    else (evaluation, checkpoints, callbacks) expects; inside, they are the home ones, given the
+    planned values on the way in, and on the way out the planned ones take back whatever the
+    step inside changed.
 
     Args:
         model: the model, before its variables are moved.
