@@ -1,11 +1,11 @@
 """Runs the compatibility suite's check of each tutorial-style model under each of its best-ranked plans.
 
 Which plan a door picks depends on the profile, so on the machine's noise: the suite sees one
-plan per pattern and door, CI may see another. This runs the suite's own check
-(``test_pattern_trains_on_its_plan_like_plain_keras``: the plan applied and still in force, no
-fallback warning, losses equal to plain Keras' to 1e-5, then a second fit, evaluate, predict,
-save and load) once per plan, putting the k-th ranked candidate first for run k. On 4 logical
-CPUs.
+plan per pattern and door, CI may see another. This trains each pattern once per plan, putting
+the k-th ranked candidate first for run k (a planner passed in as ``Collaborators``) and keeping
+it (a stopwatch that reports it faster than the default placement), and checks what the suite
+checks: the plan in force at the end, no kerasflow warning, and the losses, validation metrics
+and predictions equal to plain Keras' to 1e-5. On 4 logical CPUs.
 
     python benchmarks/compat_every_plan.py                       # every pattern, both doors, 6 plans each (about 45 minutes on 2 cores)
     python benchmarks/compat_every_plan.py --patterns mnist_convnet --doors callback
@@ -14,8 +14,6 @@ CPUs.
 import argparse
 import os
 import sys
-import tempfile
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,8 +24,12 @@ kerasflow.devices.virtual_cpus(4)
 
 import tensorflow as tf  # noqa: E402
 
-from kerasflow.strategies import driver as driver_module  # noqa: E402
-from tests.compat.test_tutorial_models import ROUTES, test_pattern_trains_on_its_plan_like_plain_keras  # noqa: E402
+from kerasflow.planner import ranked_plans  # noqa: E402
+from kerasflow.strategies import Collaborators, ScriptedStopwatch  # noqa: E402
+from tests.compat.test_tutorial_models import (PATTERNS, assert_like_plain_keras, kerasflow_warnings,  # noqa: E402
+                                               plain_keras, train)
+
+ROUTES = [(p, "strategy") for p in PATTERNS] + [(p, "callback") for p in PATTERNS if p.callback_route]
 
 tf.config.set_soft_device_placement(False)  # as the suite runs: an unknown device fails loudly
 
@@ -36,7 +38,7 @@ def with_plan_first(rank: int):
     """``ranked_plans`` with its ``rank``-th plan (0: the best) moved to the front, and the list
     to which it appends ``(that plan's name, how many candidates there were)``; with fewer
     candidates than ``rank + 1``, the ranking is left as it is and the name is None."""
-    ranked_plans, first = driver_module.ranked_plans, []
+    first = []
 
     def rotated(*args, **kwargs):
         ranked = ranked_plans(*args, **kwargs)
@@ -49,19 +51,30 @@ def with_plan_first(rank: int):
     return rotated, first
 
 
+class PlannedFaster(ScriptedStopwatch):
+    """Every planned step reports 1 ms, every default step 1 s: the plan is kept."""
+
+    def __call__(self, step, plan):
+        return step(), 1.0 if plan is None else 1e-3
+
+
 def check(pattern, door: str, rank: int) -> tuple[str | None, int, str]:
-    """(the plan put first, how many candidates there were, "ok" or why the suite's check
-    failed) for one run."""
-    ranked_plans = driver_module.ranked_plans
+    """(the plan put first, how many candidates there were, "ok" or why the check failed) for one run."""
+    import warnings
+
     rotated, first = with_plan_first(rank)
-    driver_module.ranked_plans = rotated
     try:
-        test_pattern_trains_on_its_plan_like_plain_keras(pattern, door, Path(tempfile.mkdtemp()))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, history, predictions, used = train(pattern, door, collaborators=Collaborators(
+                planner=rotated, stopwatch=PlannedFaster({})))
+        said = kerasflow_warnings(caught)
+        assert not said, said
+        assert used.plan_in_force, used.placement_report().fallback
+        assert_like_plain_keras(history, predictions, plain_keras(pattern.name))
         outcome = "ok"
     except AssertionError as error:
         outcome = "FAILED: " + " ".join(str(error).split())[:160]
-    finally:
-        driver_module.ranked_plans = ranked_plans
     plan, candidates = first[0] if first else ("(none planned)", 0)
     return plan, candidates, outcome
 

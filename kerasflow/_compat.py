@@ -19,7 +19,8 @@ __all__ = [
     "strategy_scope", "run_step", "has_own_train_step",
     "model_of_step_function", "compute_loss", "finish_step", "can_move_variables", "is_batch_normalization",
     "can_read_weights_per_copy",
-    "weights_read_here",
+    "weights_read_here", "override", "overridden", "is_movable", "backing_variable", "set_backing_variable",
+    "forget_traced_functions", "on_fit_end",
 ]
 
 try:  # tf-keras is optional (the `legacy` extra)
@@ -316,16 +317,89 @@ def weights_read_here(layer: Any):
     handle on the variable's device). Gradients still reach the variables through the reads.
     Keras 3 only (tf-keras variables are referenced from many places): elsewhere it does nothing.
     """
-    weights = [w for w in layer.trainable_weights if hasattr(w, "_value") and isinstance(w._value, tf.Variable)]
+    weights = [w for w in layer.trainable_weights
+               if is_movable(w) and isinstance(backing_variable(w), tf.Variable)]
     if not can_read_weights_per_copy(layer) or not weights:
         yield
         return
-    own = [w._value for w in weights]
+    own = [backing_variable(w) for w in weights]
     for weight, variable in zip(weights, own):
         # Read where the variable lives, copied here once: a loop then carries the copy.
-        weight._value = tf.identity(tf.convert_to_tensor(variable))
+        set_backing_variable(weight, tf.identity(tf.convert_to_tensor(variable)))
     try:
         yield
     finally:
         for weight, variable in zip(weights, own):
-            weight._value = variable
+            set_backing_variable(weight, variable)
+
+
+_ABSENT = object()
+
+
+def override(owner: Any, name: str, value: Any) -> Any:
+    """Sets ``owner.name`` on the instance past Keras' attribute tracking (a model's
+    ``train_step`` or ``train_function``, a layer's ``call``); the one way kerasflow patches a
+    Keras object. Returns what was there, for ``override(owner, name, previous)`` to restore:
+    an instance attribute, or a marker that restoring removes the instance attribute again.
+    """
+    previous = owner.__dict__.get(name, _ABSENT)
+    if value is _ABSENT:
+        owner.__dict__.pop(name, None)
+    else:
+        object.__setattr__(owner, name, value)
+    return previous
+
+
+@contextlib.contextmanager
+def overridden(owner: Any, name: str, value: Any):
+    """``override`` while inside, restored on the way out."""
+    previous = override(owner, name, value)
+    try:
+        yield
+    finally:
+        override(owner, name, previous)
+
+
+def is_movable(variable: Any) -> bool:
+    """Whether ``variable`` is a Keras 3 variable whose TensorFlow variable can be swapped."""
+    return hasattr(variable, "_value")
+
+
+def backing_variable(variable: Any) -> Any:
+    """The TensorFlow variable (or, while ``weights_read_here`` runs, the tensor) behind a Keras 3 variable."""
+    return variable._value
+
+
+def set_backing_variable(variable: Any, backing: Any) -> None:
+    """Points a Keras 3 variable at another TensorFlow variable (or a tensor read from one)."""
+    variable._value = backing
+
+
+def forget_traced_functions(model: Any) -> None:
+    """Drops the test and predict functions Keras traced: they read the variables they saw
+    when traced, so after variables were swapped the next ``evaluate`` or ``predict`` must
+    trace them again (both Keras build them anew when they are None)."""
+    for name in ("test_function", "predict_function"):
+        if getattr(model, name, None) is not None:
+            override(model, name, None)
+
+
+def on_fit_end(model: Any, hook) -> bool:
+    """Calls ``hook()`` at the end of each ``fit`` of ``model`` from now on, before the
+    callbacks' ``on_train_end``: both Keras call the optimizer's ``finalize_variable_values``
+    there, once the epochs are over. Returns False (nothing installed) for a model without
+    one Keras optimizer (a GAN compiled with its own): its caller settles later.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    finalize = getattr(optimizer, "finalize_variable_values", None)
+    if finalize is None or getattr(finalize, "_kerasflow_hooked", False):
+        return finalize is not None
+    own = type(optimizer).finalize_variable_values.__get__(optimizer)
+
+    def finalize_then_hook(variables):
+        own(variables)
+        hook()
+
+    finalize_then_hook._kerasflow_hooked = True
+    override(optimizer, "finalize_variable_values", finalize_then_hook)
+    return True

@@ -9,8 +9,11 @@ import keras
 
 from kerasflow.planner import Cluster, Plan
 from kerasflow.planner.errors import KerasflowError
-from kerasflow.strategies.driver import Driver
+from kerasflow.strategies.collaborators import Collaborators
+from kerasflow.strategies.driver import Driver, Phase
+from kerasflow.strategies.guarded import GuardedTrainFunction
 from kerasflow.strategies.options import Options
+from kerasflow.strategies.plan_report import PlanReport
 
 __all__ = ["FastT"]
 
@@ -28,7 +31,7 @@ class FastT(keras.callbacks.Callback):
 
     Args: as for ``FastTStrategy`` (``devices``, ``cluster``, ``plan``, ``warmup_steps``,
         ``profile_steps``, ``split``, ``tick_tock``, ``replicated``, ``memory_limit``, ``log_dir``,
-        ``verbose``, ``on_mismatch``, ``drop_slower_plan``).
+        ``verbose``, ``on_mismatch``, ``drop_slower_plan``, ``collaborators``).
 
     Raises:
         KerasflowError: a device that does not exist, or a bad option.
@@ -47,9 +50,10 @@ class FastT(keras.callbacks.Callback):
 
     def __init__(self, devices: list[str] | None = None, cluster: Cluster | str | None = None,
                  plan: Plan | str | None = None, warmup_steps: int | None = None, profile_steps: int | None = None,
-                 split: bool | None = None, tick_tock: str | None = None, replicated: str | bool | None = None,
+                 split: bool | None = None, tick_tock: str | None = None, replicated: str | None = None,
                  memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None,
-                 on_mismatch: str = "error", drop_slower_plan: bool | None = None):
+                 on_mismatch: str | None = None, drop_slower_plan: bool | None = None,
+                 collaborators: Collaborators | None = None):
         super().__init__()
         from kerasflow.devices import default_devices
         from kerasflow.strategies.fastt_strategy import _canonical, _known_devices
@@ -68,7 +72,8 @@ class FastT(keras.callbacks.Callback):
                                      profile_steps=profile_steps, split=split, tick_tock=tick_tock,
                                      replicated=replicated, memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
                                      on_mismatch=on_mismatch, drop_slower_plan=drop_slower_plan)
-        self.driver = Driver(self.options.copy())
+        self.collaborators = collaborators or Collaborators()
+        self.driver = Driver(self.options, collaborators=self.collaborators)
 
     @property
     def plan(self) -> Plan | None:
@@ -81,11 +86,9 @@ class FastT(keras.callbacks.Callback):
         return self.driver.in_force
 
     @property
-    def report(self) -> dict:
-        """What planning did, as ``FastTStrategy.report`` says (``algorithm``,
-        ``predicted_step_time``, ``summary``, then ``measured_step_time``, ``measured_summary`` and
-        ``plan_dropped``); empty before planning."""
-        return dict(self.driver.report)
+    def report(self) -> PlanReport:
+        """What planning did, a ``PlanReport`` (as ``FastTStrategy.report``); empty before planning."""
+        return self.driver.report
 
     @property
     def profile(self):
@@ -103,20 +106,23 @@ class FastT(keras.callbacks.Callback):
         driver = self.driver
         if driver.model is not None and driver.model is not self.model:
             driver.detach()  # the callback was given to another model's fit
-            self.driver = driver = Driver(self.options.copy())
+            self.driver = driver = Driver(self.options, collaborators=self.collaborators)
         try:
             if driver.model is None:
                 driver.step = 0
                 driver.attach(self.model, verbose=(self.params or {}).get("verbose"))
-            if driver.state == "planned":
-                driver.rebuild()  # a later fit: the plan applies from its first step
-            elif driver.state in ("warming_up", "profiling"):
+            if driver.in_force and not isinstance(self.model.train_function, GuardedTrainFunction):
+                driver.rebuild()  # a later fit whose train function Keras made anew: the plan applies again
+            elif driver.phase in (Phase.WARMING_UP, Phase.PROFILING):
                 self.model.make_train_function(force=True)
         except Exception as error:  # noqa: BLE001 - never lose the user's training
-            driver.fall_back("attaching", error)
+            driver.fail("attaching", error)
 
     def on_train_batch_begin(self, batch, logs=None):
         self.driver.before_step()
 
     def on_train_batch_end(self, batch, logs=None):
         self.driver.after_step()
+
+    def on_train_end(self, logs=None):
+        self.driver.end_fit()

@@ -11,6 +11,7 @@ an optimizer slot joins its variable's group.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -127,11 +128,10 @@ def last_op_id(graph) -> int:
     return max(graph._nodes_by_id, default=0)
 
 
-def _layer_ranges(model) -> tuple[list, dict]:
-    """Wraps every layer's ``call`` to record the ops it creates (and whether it got a mask);
-    returns (records, originals)."""
+def _layer_ranges(model, patches: contextlib.ExitStack) -> list:
+    """Wraps every layer's ``call``, until ``patches`` closes, to record the ops it creates (and
+    whether it got a mask); returns the records."""
     records: list[tuple[int, int, Any, bool]] = []
-    originals: dict[int, Any] = {}
 
     def wrap(layer):
         original = layer.call
@@ -145,12 +145,12 @@ def _layer_ranges(model) -> tuple[list, dict]:
             finally:
                 records.append((start, last_op_id(graph), layer, kwargs.get("mask") is not None))
 
-        originals[id(layer)] = (layer, layer.__dict__.get("call"))
-        object.__setattr__(layer, "call", recorded)  # bypass Keras' attribute tracking
+        patches.enter_context(_compat.overridden(layer, "call", recorded))
 
-    for layer in _compat.all_layers(model):
+    # A shared layer is listed once per model that holds it, and is wrapped once.
+    for layer in {id(layer): layer for layer in _compat.all_layers(model)}.values():
         wrap(layer)
-    return records, originals
+    return records
 
 
 def capture_step(model, batch) -> CapturedStep:
@@ -170,16 +170,10 @@ def capture_step(model, batch) -> CapturedStep:
         A ``CapturedStep`` whose ``function`` runs the traced step on such a batch.
     """
     spec = batch_spec(batch)
-    records, originals = _layer_ranges(model)
-    try:
+    with contextlib.ExitStack() as patches:
+        records = _layer_ranges(model, patches)
         function = tf.function(lambda data: _compat.run_step(model, data), autograph=False)
         concrete = function.get_concrete_function(spec)
-    finally:
-        for layer, own in originals.values():
-            if own is None:
-                object.__delattr__(layer, "call")  # the class's method shows again
-            else:
-                object.__setattr__(layer, "call", own)
     graph = concrete.graph
     operations = live_operations(graph.get_operations(), list(graph.outputs) + list(graph.control_outputs))
     batch_size = int(tf.nest.flatten(spec)[0].shape[0])

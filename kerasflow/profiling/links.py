@@ -10,6 +10,8 @@ cluster) one pair per pair of tasks is timed: the network dominates.
 
 from __future__ import annotations
 
+import functools
+
 import time
 from typing import NamedTuple, Sequence
 
@@ -131,3 +133,27 @@ def cluster_of(devices: Sequence[str], *, links: LinkMeasurement | None = None, 
         memory = DEVICE_SPECS[kind].memory if kind in DEVICE_SPECS else 16 * 2**30
         built.append(Device(device, kind, memory))
     return Cluster(built, SAME_PROCESS, links.links, name=name or f"local:{len(devices)}")
+
+
+@functools.lru_cache(maxsize=None)
+def _measured_cluster(devices: tuple[str, ...]) -> Cluster:
+    return cluster_of(list(devices))
+
+
+def planning_cluster(options) -> Cluster:
+    """The cluster ``fit`` plans for: ``options.cluster`` when given, else the CPU testbed for
+    logical CPUs (one op at a time each, same-process copies), else the devices with their links
+    measured (once per set of devices).
+
+    Example:
+        >>> from kerasflow.strategies.options import Options
+        >>> planning_cluster(Options(devices=("/CPU:0", "/CPU:1"))).name
+        'cpu-testbed:2'
+    """
+    if options.cluster is not None:
+        return options.cluster
+    devices = tuple(options.devices)
+    if all("CPU" in d.upper() for d in devices):
+        return Cluster([Device(d, "CPU", DEVICE_SPECS["CPU"].memory) for d in devices], SAME_PROCESS,
+                       name=f"cpu-testbed:{len(devices)}")
+    return _measured_cluster(devices)

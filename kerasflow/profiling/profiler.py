@@ -11,6 +11,7 @@ model's weights and optimizer state are restored afterwards.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -372,3 +373,16 @@ def _data_error(model, batch, error) -> ProfilingError:
         f"The data does not fit model {model.name!r}: received tensors of shapes {shapes}"
         f"{f', the model takes inputs of shapes {expected}' if expected else ''}. "
         f"TensorFlow said: {str(error).splitlines()[0]}")
+
+
+def graph_structure(model, batch, own_step: Callable) -> OpGraph:
+    """The ``OpGraph`` of ``model``'s training step as written (``own_step``), with no costs:
+    its op names and fingerprint, to check a plan made elsewhere against. The step is traced
+    once at ``batch``; every variable is put back afterwards."""
+    snapshot = snapshot_variables(model)
+    try:
+        with _compat.strategy_scope(model), _compat.overridden(model, "train_step", own_step):
+            step = capture_step(model, batch)
+    finally:
+        restore_variables(snapshot)
+    return build_graph(dataclasses.replace(step, function=None, batch_size=1), None, {}, None, "CPU")

@@ -1,17 +1,19 @@
-"""kerasflow.strategies: ``FastTStrategy`` and applying a plan to the traced training step.
+"""kerasflow.strategies: ``FastTStrategy``, and what its users read and pass in.
 
-Layering: ``options`` (settings) -> ``driver`` (the profile -> plan -> rebuild state
-machine) -> ``steps`` and ``applier`` (the plan-applying step) and ``variables`` (moves);
-``readback`` and ``reporting`` say what happened. ``fastt_strategy`` and the callback in
-``kerasflow.callbacks`` are the thin doors that drive it.
+Layering, from the doors down: ``fastt_strategy`` (and the callback in ``kerasflow.callbacks``)
+are thin doors that hand ``fit``'s steps to ``driver``, the state machine (warm-up, profiling,
+trial, settled, default) over objects that each own one part of the state: ``options`` (frozen
+settings), ``collaborators`` (profiler, planner, stopwatch, passed in), ``inputs`` (the recorded
+batch), ``trial`` (the plan timed beside the default placement; its rule in ``verdict`` and
+``side_by_side``, pure Python), ``retreat`` (the way back to the default placement). Below them:
+``steps`` and ``applier`` (the plan-applying step), ``variables`` and ``replicas`` (moved and
+copied variables); ``readback``, ``reporting`` and ``plan_report`` say what happened.
 """
 
-from kerasflow.strategies.applier import PlanApplier
-from kerasflow.strategies.driver import Driver
+from kerasflow.strategies.collaborators import Collaborators, ScriptedStopwatch
 from kerasflow.strategies.fastt_strategy import FastTStrategy
-from kerasflow.strategies.options import Options
+from kerasflow.strategies.plan_report import PlanReport
 from kerasflow.strategies.readback import PlacementMismatch, PlacementReport
-from kerasflow.strategies.steps import PlannedStep
 
-__all__ = ["FastTStrategy", "PlanApplier", "PlannedStep", "Driver", "Options", "PlacementMismatch",
+__all__ = ["FastTStrategy", "Collaborators", "ScriptedStopwatch", "PlanReport", "PlacementMismatch",
            "PlacementReport"]

@@ -44,13 +44,11 @@ def synchronized_layers(model) -> list:
 def whole_batch_statistics(layers: list, lockstep: Lockstep, devices: list[str], batch):
     """While inside, each of ``layers`` computes its moments across the replicas of ``lockstep``
     (``devices[r]`` runs replica ``r``), for a whole batch of ``batch`` rows."""
-    for layer in layers:
-        object.__setattr__(layer, "_moments", functools.partial(_moments, layer, lockstep, devices, batch))
-    try:
-        yield
-    finally:
+    with contextlib.ExitStack() as patches:
         for layer in layers:
-            object.__delattr__(layer, "_moments")
+            patches.enter_context(_compat.overridden(layer, "_moments",
+                                                     functools.partial(_moments, layer, lockstep, devices, batch)))
+        yield
 
 
 def _moments(layer, lockstep: Lockstep, devices: list[str], batch, inputs, mask):
@@ -77,11 +75,22 @@ def _total(local, lockstep: Lockstep, devices: list[str]):
         with tf.name_scope(BATCH_STATISTICS_SCOPE + "/"):  # outside any replica's scope: each op keeps its device
             return ring_all_reduce(values, devices)
 
+    def other_replicas_cut(values):
+        # tf.custom_gradient looks for the variables the body reads by walking back from its
+        # outputs to its input; the ring reaches every other replica's value, and through
+        # them the whole step traced so far (quadratic in it, for every call). The gradient
+        # is the custom one anyway: a StopGradient (an identity) on each value ends the walk.
+        cut = []
+        for value, device in zip(values, devices):
+            with tf.device(device), tf.name_scope(BATCH_STATISTICS_SCOPE + "/"):
+                cut.append(tf.stop_gradient(value))
+        return around_the_ring(cut)
+
     @tf.custom_gradient
     def summed(value):
         def gradient(upstream):
             return lockstep.exchange(upstream, around_the_ring)
 
-        return lockstep.exchange(value, around_the_ring), gradient
+        return lockstep.exchange(value, other_replicas_cut), gradient
 
     return summed(local)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from typing import Any
 
@@ -13,8 +14,11 @@ from tensorflow.python.framework import ops
 from kerasflow import _compat
 from kerasflow.planner import Cluster, Plan
 from kerasflow.planner.errors import KerasflowError
+from kerasflow.profiling.links import planning_cluster
+from kerasflow.strategies.collaborators import Collaborators
 from kerasflow.strategies.driver import Driver
 from kerasflow.strategies.options import Options
+from kerasflow.strategies.plan_report import PlanReport
 
 __all__ = ["FastTStrategy"]
 
@@ -88,13 +92,12 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             profiling, planning, rebuilding) and the plan's report line; 0 prints nothing, not
             even the TensorFlow profiler's log lines.
         on_mismatch: ``"error"`` or ``"replan"`` for a ``plan=`` that does not fit the model.
-        drop_slower_plan: after the rebuild, six planned steps are timed in alternation with
-            six steps of the default placement (on the variables as they were before the plan,
-            the same values carried across); when the median of the rounds' ratios is more
-            than 3 % slower, the best other candidate is tried once if it is expected more than
-            5 % faster, and a plan still slower is dropped with one warning: training continues
-            on the default placement (default True; False keeps the first plan and times only
-            it; a ``plan=`` given up front is the user's choice: timed only, and kept).
+        drop_slower_plan: after the rebuild the plan is timed in alternation with the default
+            placement, in fit's own steps, and one measured slower gives way to the runner-up or
+            is dropped with one warning: training continues on the default placement (the rule
+            and its numbers: ``kerasflow.strategies.verdict``). Default True; False keeps the
+            first plan and times only it; a ``plan=`` given up front is the user's choice: timed
+            only, and kept. A ``fit`` that ends during the timing settles it on what was measured.
         cluster_resolver: several machines: a ``tf.distribute.cluster_resolver.ClusterResolver``
             (default: ``TFConfigClusterResolver`` when ``TF_CONFIG`` is set). The strategy
             connects to the cluster (every other task runs ``python -m kerasflow.worker``),
@@ -108,6 +111,9 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             task stops answering for ``connect_timeout`` seconds while TensorFlow waits for it
             (it has no deadline of its own). ``"exit"`` prints which task and what to do, and
             exits with code 75 (``multihost.TaskWatch``); ``"wait"`` leaves TensorFlow waiting.
+        collaborators: the profiler, planner and stopwatch used inside ``fit``
+            (``kerasflow.strategies.Collaborators``; default kerasflow's own): a custom planner,
+            or a ``ScriptedStopwatch`` that forces the trial's verdict in tests.
 
     Raises:
         KerasflowError: a device that does not exist, or bad options.
@@ -128,10 +134,12 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
 
     def __init__(self, devices: list[str] | None = None, cluster: Cluster | str | None = None,
                  plan: Plan | str | None = None, warmup_steps: int | None = None, profile_steps: int | None = None,
-                 split: bool | None = None, tick_tock: str | None = None, replicated: str | bool | None = None,
-                 memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None, on_mismatch: str = "error",
+                 split: bool | None = None, tick_tock: str | None = None, replicated: str | None = None,
+                 memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None,
+                 on_mismatch: str | None = None,
                  drop_slower_plan: bool | None = None, cluster_resolver: Any = None, inter_host_link: Any = "measure",
-                 connect_timeout: float = 30.0, on_lost_task: str = "exit"):
+                 connect_timeout: float = 30.0, on_lost_task: str = "exit",
+                 collaborators: Collaborators | None = None):
         from kerasflow import multihost
         from kerasflow.devices import default_devices
 
@@ -177,6 +185,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
                 raise KerasflowError(f"The plan uses device(s) {unknown} that this strategy does not have "
                                      f"({devices}). Replan for these devices.")
         self._options = Options.build(devices, cluster=cluster, plan=plan, **settings)
+        self._collaborators = collaborators or Collaborators()
         if len(devices) == 1:
             import warnings
 
@@ -220,7 +229,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         Example: ``kerasflow.simulate(strategy.profile, strategy.cluster, strategy.plan)``.
         """
         driver = self._driver_of()
-        return driver.cluster() if driver is not None else None
+        return planning_cluster(driver.options) if driver is not None else None
 
     @property
     def options(self) -> Options:
@@ -228,19 +237,11 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         return self._options
 
     @property
-    def report(self) -> dict:
-        """What planning did for the model trained last: ``plan_seconds`` (profile + plan +
-        rebuild), ``algorithm``, ``predicted_step_time``, ``candidates``, ``tie_margin`` (candidates
-        predicted this close to the fastest were tied, from the profile's noise), ``summary`` (the
-        printed line) and, once the plan was timed (``drop_slower_plan``), ``measured_step_time``
-        (the median planned step, seconds per train step), ``default_step_time`` (the median step
-        of the default placement timed beside it; not for ``drop_slower_plan=False`` or a given
-        plan), ``measured_summary`` (the printed line), ``settled_step`` (the first step of fit
-        after the timing), ``plan_replaced`` (which plan gave way to the runner-up, and why) and
-        ``plan_dropped`` (why) when the plan measured slower and was dropped; empty before
-        planning."""
+    def report(self) -> PlanReport:
+        """What planning did for the model trained last, a ``PlanReport`` (its fields documented
+        there; readable as a mapping of those set); empty before planning."""
         driver = self._driver_of()
-        return dict(driver.report) if driver is not None else {}
+        return driver.report if driver is not None else PlanReport()
 
     def _driver_of(self, model=None) -> Driver | None:
         if model is None:
@@ -285,7 +286,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         if unknown:
             raise KerasflowError(f"The plan uses device(s) {unknown} that this strategy does not have "
                                  f"({self._options.devices}). Replan for these devices.")
-        self._options.plan = plan
+        self._options = dataclasses.replace(self._options, plan=plan)
         for driver in self._drivers:
             driver.detach()
         self._drivers.clear()
@@ -302,6 +303,11 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         driver = self._driver_of(model)
         return driver.placement_report() if driver is not None else None
 
+    def _fit_ended(self, model) -> None:
+        driver = self._driver_of(model)
+        if driver is not None:
+            driver.end_fit()
+
     def _intercept(self, fn, args=()):
         if getattr(fn, "_kerasflow_internal", False):
             return fn
@@ -315,19 +321,21 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             return fn
         driver = self._driver_of(model)
         if driver is None:
-            driver = Driver(self._options.copy(), creating=self.extended.creating_on)
+            driver = Driver(self._options, collaborators=self._collaborators, creating=self.extended.creating_on)
             self._drivers.append(driver)
             try:
                 driver.attach(model, verbose=_compat.fit_verbosity())
                 _wrap_train_function(model, driver)
+                # The end of each fit settles a plan still being timed (the callback's on_train_end).
+                _compat.on_fit_end(model, lambda: self._fit_ended(model))
             except Exception as error:  # noqa: BLE001 - never lose the user's training
-                driver.fall_back("attaching", error)
+                driver.fail("attaching", error)
                 return fn
             driver.step = 1  # this first call of the train function is step 0
         # Keras 3 passes the bound train_step it looked up before the driver installed its
         # own (on every trace of that train function: TensorFlow traces twice when the first
         # trace creates variables); tf-keras passes a closure that looks model.train_step up.
-        return driver.step_function if getattr(inner, "__self__", None) is model else fn
+        return model.train_step if getattr(inner, "__self__", None) is model else fn
 
 
 def _wrap_train_function(model, driver: Driver) -> None:
@@ -343,12 +351,12 @@ def _wrap_train_function(model, driver: Driver) -> None:
             finally:
                 driver.after_step()
                 if not getattr(model.train_function, "_kerasflow_driven", False):  # rebuilt: drive the new one
-                    object.__setattr__(model, "train_function", wrap(model.train_function))
+                    _compat.override(model, "train_function", wrap(model.train_function))
 
         driven._kerasflow_driven = True
         return driven
 
-    object.__setattr__(model, "train_function", wrap(model.train_function))
+    _compat.override(model, "train_function", wrap(model.train_function))
 
 
 def _canonical(device: str) -> str:

@@ -1,7 +1,10 @@
-"""How kerasflow plans inside ``fit``: one ``Options`` object, from arguments, then ``KERASFLOW_*`` variables.
+"""How kerasflow plans inside ``fit``: one frozen ``Options``, from arguments, then ``KERASFLOW_*`` variables.
 
 Every value is checked here, where it enters, so a bad one is an error when the strategy
-or callback is made, never a failure at step 4.
+or callback is made, never a failure at step 4. Knobs come in two styles only: a yes/no
+setting is a boolean (``split``, ``drop_slower_plan``), a setting with more choices is one
+of its lowercase names (``tick_tock``, ``replicated``: ``"auto"``, ``"on"`` or ``"off"``;
+``on_mismatch``: ``"error"`` or ``"replan"``).
 """
 
 from __future__ import annotations
@@ -18,8 +21,7 @@ __all__ = ["Options", "parse_bool"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-_TICK_TOCK = ("auto", "on", "off")
-_REPLICATED = ("auto", "on", "off")
+_THREE_WAY = ("auto", "on", "off")
 
 
 def parse_bool(name: str, raw: Any) -> bool:
@@ -46,14 +48,16 @@ def parse_bool(name: str, raw: Any) -> bool:
     raise KerasflowError(f"{name} must be a boolean (1/0, true/false, yes/no, on/off). Received: {name}={raw!r}")
 
 
-def _parse_int(name: str, raw: Any, minimum: int) -> int:
-    try:
-        value = int(str(raw).strip()) if not isinstance(raw, int) or isinstance(raw, bool) else raw
-    except ValueError:
-        value = None
-    if value is None or isinstance(raw, bool) or value < minimum:
-        raise KerasflowError(f"{name} must be an integer >= {minimum}. Received: {name}={raw!r}")
-    return value
+def _parse_int(minimum: int):
+    def parse(name: str, raw: Any) -> int:
+        try:
+            value = raw if isinstance(raw, int) and not isinstance(raw, bool) else int(str(raw).strip())
+        except ValueError:
+            value = None
+        if value is None or isinstance(raw, bool) or value < minimum:
+            raise KerasflowError(f"{name} must be an integer >= {minimum}. Received: {name}={raw!r}")
+        return value
+    return parse
 
 
 def _parse_memory(name: str, raw: Any) -> float | None:
@@ -61,7 +65,7 @@ def _parse_memory(name: str, raw: Any) -> float | None:
         return None
     try:
         value = float(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         value = math.nan
     if not math.isfinite(value) or value <= 0:
         raise KerasflowError(f"{name} must be a positive number of bytes. Received: {name}={raw!r}")
@@ -69,53 +73,74 @@ def _parse_memory(name: str, raw: Any) -> float | None:
 
 
 def _parse_verbose(name: str, raw: Any) -> Any:
-    if raw in ("auto", None):
+    text = "auto" if raw is None else str(raw).strip().lower()
+    if text == "auto":
         return "auto"
-    text = str(raw).strip().lower()
-    if text in ("auto",):
-        return "auto"
-    if text in _FALSE:
-        return 0
-    if text in _TRUE:
-        return 1
-    if text == "2":
-        return 2
+    if text in _FALSE or text in _TRUE or text == "2":
+        return 2 if text == "2" else int(text in _TRUE)
     raise KerasflowError(f"{name} must be 'auto', 0, 1 or 2 (as Keras' verbose). Received: {name}={raw!r}")
 
 
-def _parse_tick_tock(name: str, raw: Any) -> str:
-    text = str(raw).strip().lower()
-    if text not in _TICK_TOCK:
-        raise KerasflowError(f"{name} must be one of {list(_TICK_TOCK)}. Received: {name}={raw!r}")
-    return text
-
-
-def _parse_replicated(name: str, raw: Any) -> str:
-    text = str(raw).strip().lower()
-    if text in _REPLICATED:
+def _parse_choice(choices: tuple[str, ...]):
+    def parse(name: str, raw: Any) -> str:
+        text = raw.strip().lower() if isinstance(raw, str) else None
+        if text not in choices:
+            raise KerasflowError(f"{name} must be one of {list(choices)}. Received: {name}={raw!r}")
         return text
-    try:
-        return "on" if parse_bool(name, raw) else "off"
-    except KerasflowError:
-        raise KerasflowError(f"{name} must be 'auto', 'on' or 'off' (or a boolean). Received: {name}={raw!r}") from None
+    return parse
 
 
-@dataclasses.dataclass
+def _parse_text(name: str, raw: Any) -> str | None:
+    return None if raw is None else str(raw)
+
+
+# Each setting's parser; None (an argument left out) takes KERASFLOW_<NAME>, then the default.
+_PARSERS = {
+    # Steps 0-1 trace and optimise the graph, so profiling starts at step 2 or later.
+    "warmup_steps": _parse_int(2),
+    "profile_steps": _parse_int(1),
+    "split": parse_bool,
+    "tick_tock": _parse_choice(_THREE_WAY),
+    "replicated": _parse_choice(_THREE_WAY),
+    "memory_limit": _parse_memory,
+    "log_dir": _parse_text,
+    "verbose": _parse_verbose,
+    "on_mismatch": _parse_choice(("error", "replan")),
+    "drop_slower_plan": parse_bool,
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class Options:
-    """How kerasflow plans inside ``fit``; arguments first, then ``KERASFLOW_*`` variables.
+    """How kerasflow plans inside ``fit``, checked and frozen (see ``FastTStrategy`` for each).
+
+    Attributes:
+        devices: the devices planned over.
+        cluster: the cluster planned for (None: the CPU testbed for logical CPUs, else measured).
+        plan: a plan given up front (None: profile and plan inside ``fit``).
+        warmup_steps: steps on the default placement before profiling (>= 2).
+        profile_steps: profiled steps (>= 1).
+        split: whether the planner may split layers across devices.
+        tick_tock: ``"auto"``, ``"on"`` or ``"off"``.
+        replicated: ``"auto"``, ``"on"`` or ``"off"``.
+        memory_limit: a cap in bytes for every device, or None.
+        log_dir: where plan, profile and timeline files go, or None.
+        verbose: ``"auto"``, 0, 1 or 2.
+        on_mismatch: ``"error"`` or ``"replan"`` for a given plan made for another model.
+        drop_slower_plan: whether a plan measured slower than the default placement gives way.
+        max_split_evaluations: how many split candidates the planner simulates.
 
     Environment: ``KERASFLOW_WARMUP_STEPS``, ``KERASFLOW_PROFILE_STEPS``, ``KERASFLOW_SPLIT``,
     ``KERASFLOW_TICK_TOCK``, ``KERASFLOW_REPLICATED``, ``KERASFLOW_MEMORY_LIMIT``,
-    ``KERASFLOW_LOG_DIR``, ``KERASFLOW_VERBOSE``, ``KERASFLOW_DROP_SLOWER_PLAN`` — used for
-    any argument left at None.
-    Booleans take 1/0, true/false, yes/no or on/off.
+    ``KERASFLOW_LOG_DIR``, ``KERASFLOW_VERBOSE``, ``KERASFLOW_ON_MISMATCH``,
+    ``KERASFLOW_DROP_SLOWER_PLAN``, used by ``build`` for any argument left at None.
 
     Example:
         >>> Options.build(["/CPU:0", "/CPU:1"], split="off", tick_tock="on").split
         False
     """
 
-    devices: list[str]
+    devices: tuple[str, ...]
     cluster: Cluster | None = None
     plan: Plan | None = None
     warmup_steps: int = 2
@@ -132,42 +157,30 @@ class Options:
     drop_slower_plan: bool = True
     max_split_evaluations: int = 16
 
+    def __post_init__(self):
+        object.__setattr__(self, "devices", tuple(self.devices))
+        for name, parse in _PARSERS.items():
+            object.__setattr__(self, name, parse(name, getattr(self, name)))
+
     @classmethod
-    def build(cls, devices, **kwargs) -> "Options":
-        """Options from keyword arguments (None: the environment, then the default).
+    def build(cls, devices, **settings) -> "Options":
+        """Options from keyword arguments; one left at None takes ``KERASFLOW_<NAME>``, then the default.
 
         Raises:
-            KerasflowError: a value of the wrong kind or out of range, naming the setting.
+            KerasflowError: a value of the wrong kind or out of range, naming the setting (or
+                the environment variable it came from).
         """
-        env = os.environ
-
-        def pick(name, parse, default):
-            value = kwargs.get(name)
-            label = name
-            if value is None:
-                label = f"KERASFLOW_{name.upper()}"
-                value = env.get(label)
-                if value in (None, ""):
-                    return default
-            return parse(label, value)
-
-        on_mismatch = kwargs.get("on_mismatch") or "error"
-        if on_mismatch not in ("error", "replan"):
-            raise KerasflowError(f"on_mismatch must be 'error' or 'replan'. Received: on_mismatch={on_mismatch!r}")
-        return cls(
-            devices=list(devices), cluster=kwargs.get("cluster"), plan=kwargs.get("plan"),
-            # Steps 0-1 trace and optimise the graph, so profiling starts at step 2 or later.
-            warmup_steps=pick("warmup_steps", lambda n, v: _parse_int(n, v, 2), 2),
-            profile_steps=pick("profile_steps", lambda n, v: _parse_int(n, v, 1), 3),
-            split=pick("split", parse_bool, False),
-            tick_tock=pick("tick_tock", _parse_tick_tock, "auto"),
-            replicated=pick("replicated", _parse_replicated, "auto"),
-            memory_limit=pick("memory_limit", _parse_memory, None),
-            log_dir=pick("log_dir", lambda n, v: str(v), None),
-            verbose=pick("verbose", _parse_verbose, "auto"),
-            on_mismatch=on_mismatch,
-            drop_slower_plan=pick("drop_slower_plan", parse_bool, True))
-
-    def copy(self) -> "Options":
-        """An independent copy (each model gets its own driver and options)."""
-        return dataclasses.replace(self, devices=list(self.devices))
+        unknown = sorted(set(settings) - set(_PARSERS) - {"cluster", "plan"})
+        if unknown:
+            raise KerasflowError(f"Unknown kerasflow setting(s) {unknown}. Received: {unknown[0]}="
+                                 f"{settings[unknown[0]]!r}")
+        given = {}
+        for name, parse in _PARSERS.items():
+            value = settings.get(name)
+            if value is not None:
+                given[name] = parse(name, value)
+                continue
+            variable = f"KERASFLOW_{name.upper()}"
+            if os.environ.get(variable, "") != "":
+                given[name] = parse(variable, os.environ[variable])
+        return cls(devices=tuple(devices), cluster=settings.get("cluster"), plan=settings.get("plan"), **given)

@@ -81,6 +81,38 @@ class PlacementReport(list):
         return line + (f". Not applied: {'; '.join(self.not_applied)}." if self.not_applied else "")
 
 
+class PlacementCheck:
+    """Reads back where the first step of each plan put its ops (``read_back``): ``arm`` after a
+    switch, ``before_step`` records the next step, ``after_step`` reads it back.
+
+    Attributes:
+        mismatches: the ops off the plan (None before a plan ran a step).
+        transfers: what that step sent between devices.
+    """
+
+    def __init__(self):
+        self.armed = False
+        self.mismatches: list | None = None
+        self.transfers: list = []
+
+    def arm(self) -> None:
+        """The next step is the first of a plan: record it."""
+        self.armed = True
+
+    def before_step(self) -> None:
+        """Records the step about to run, when armed."""
+        if self.armed:
+            start_recording()
+
+    def after_step(self, applier: PlanApplier) -> bool:
+        """Reads the recorded step back; True when it did (the plan's first step ran)."""
+        if not self.armed:
+            return False
+        self.armed = False
+        self.mismatches, self.transfers = read_back(applier)
+        return True
+
+
 def start_recording() -> None:
     """Records the partition graphs of the next function call."""
     from tensorflow.python.eager import context

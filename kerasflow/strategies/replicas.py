@@ -55,21 +55,22 @@ class Replicas:
         if not _compat.can_move_variables(model):
             raise KerasflowError("A data-parallel plan runs only on Keras 3 models (tf-keras variables cannot be "
                                  f"copied per device). Received: a {_compat.flavor(model)} model. Plan with "
-                                 "replicated=False, or use tf.distribute.MirroredStrategy.")
+                                 "replicated='off', or use tf.distribute.MirroredStrategy.")
         if len(devices) < 2:
             raise KerasflowError(f"A data-parallel plan needs two or more devices. Received: devices={devices}.")
         self.model, self.devices = model, list(devices)
         creating = creating or (lambda device: contextlib.nullcontext())
-        self._variables = [v for v in _compat.model_variables(model) if hasattr(v, "_value")]
+        self._variables = [v for v in _compat.model_variables(model) if _compat.is_movable(v)]
         optimizer = model.optimizer
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
-        self._copies: list[list[tf.Variable]] = [[v._value for v in self._variables]]
+        self._copies: list[list[tf.Variable]] = [[_compat.backing_variable(v) for v in self._variables]]
         self._optimizers = [optimizer]
         for device in self.devices[1:]:
             with tf.init_scope(), creating(device), tf.device(device):
-                self._copies.append([tf.Variable(v._value.read_value(), trainable=v.trainable,
-                                                 name=v._value.name.split(":")[0]) for v in self._variables])
+                self._copies.append([tf.Variable(own.read_value(), trainable=v.trainable,
+                                                 name=own.name.split(":")[0])
+                                     for v, own in zip(self._variables, self._copies[0])])
             replica = len(self._copies) - 1
             with self.swapped(replica), tf.init_scope(), creating(device), tf.device(device):
                 clone = optimizer.__class__.from_config(optimizer.get_config())
@@ -93,7 +94,7 @@ class Replicas:
     def point_at(self, replica: int) -> None:
         """Points the model's variables at replica ``replica``'s copies (0: the model's own)."""
         for variable, copy in zip(self._variables, self._copies[replica]):
-            variable._value = copy
+            _compat.set_backing_variable(variable, copy)
 
     def refresh(self) -> None:
         """Gives every copy and every optimizer clone the model's own values (after a step that

@@ -14,6 +14,7 @@ import warnings
 
 from kerasflow import _compat
 from kerasflow.planner import Cluster, OpGraph, Plan, baselines, simulate
+from kerasflow.planner.ticktock import batch_coupled_ops, replica_coupled_ops
 
 __all__ = ["Reporter"]
 
@@ -61,6 +62,50 @@ class Reporter:
             line += f", {parallel / plan.predicted_step_time:.2f}x data-parallel"
         self.say(line)
         return line
+
+    def attached(self, model, options) -> None:
+        """The lines when kerasflow takes a model's ``fit``: turns XLA off (it fuses the step into
+        a few clusters, which erases per-op placement and profiles) and says what will happen."""
+        if _compat.uses_jit(model):
+            _compat.disable_jit(model)
+            model.make_train_function(force=True)
+            self.say("kerasflow: jit_compile turned off: XLA fuses the step into a few clusters, which erases "
+                     "per-op placement and profiles.")
+        if _compat.has_own_train_step(model):
+            self.say("kerasflow: the model defines its own train_step: placement and order are applied, op "
+                     "splitting and waves are not.")
+        if options.plan is None:
+            self.say(f"kerasflow: {options.warmup_steps} warm-up steps on the default placement, then "
+                     f"{options.profile_steps} profiled steps, then the plan.")
+
+    def record_measured(self, report, plan: Plan, graph: OpGraph | None, *, step: int, measured_step_time: float,
+                        default_step_time: float | None, ratio: float | None) -> None:
+        """Says what the plan measured (``measured``) and keeps it in the ``PlanReport``."""
+        report.measured_step_time, report.default_step_time = measured_step_time, default_step_time
+        profiled = graph.metadata.get("plain_step_seconds") if graph is not None else None
+        report.measured_summary = self.measured(plan, measured_step_time, default=default_step_time,
+                                                speedup=1 / ratio if ratio else None, profiled=profiled)
+        report.settled_step = step + 1
+
+    def replaced(self, report, plan: Plan, following: Plan, why: str) -> None:
+        """Says that ``following`` replaces ``plan`` (measured slower: ``why``) and notes it in the report."""
+        self.say(f"kerasflow: {why}; trying the next plan, {following.algorithm} (predicted "
+                 f"{following.predicted_step_time * 1e3:.2f} ms)")
+        report.plan_replaced = f"{plan.algorithm}: {why}"
+        report.algorithm, report.predicted_step_time = following.algorithm, following.predicted_step_time
+
+    def replicas_change_the_math(self, plan: Plan, graph: OpGraph | None) -> None:
+        """One line when a data-parallel plan's replicas run layers whose math depends on the whole
+        batch on their own shares (allowed only by ``replicated="on"`` or a given plan)."""
+        if plan.data_parallel is None or graph is None:
+            return
+        coupled = replica_coupled_ops(graph) if plan.synchronizes_statistics else batch_coupled_ops(graph)
+        layers = sorted({graph.op(name).layer or name for name in coupled})
+        if layers:
+            self.say(f"kerasflow: {plan.algorithm}: each replica runs {', '.join(layers[:3])}"
+                     f"{f' and {len(layers) - 3} more' if len(layers) > 3 else ''} on its own share of the batch "
+                     "(batch statistics or random numbers of their own, as MirroredStrategy computes them), so the "
+                     "losses differ from one device's. Plan with replicated='auto' to keep the model's math.")
 
     def measured(self, plan: Plan, measured: float, *, default: float | None = None, speedup: float | None = None,
                  profiled: float | None = None) -> str:

@@ -63,9 +63,14 @@ class SideBySide:
             (self._default if runs_default else self._planned).append(seconds)
 
     @property
-    def planned_seconds(self) -> float:
-        """The median planned step, seconds."""
-        return statistics.median(self._planned)
+    def planned_seconds(self) -> float | None:
+        """The median planned step, seconds (None before one was timed)."""
+        return statistics.median(self._planned) if self._planned else None
+
+    @property
+    def rounds_done(self) -> int:
+        """The rounds completed (a planned and a default step each; planned steps without the default placement)."""
+        return min(len(self._planned), len(self._default)) if self.against_default else len(self._planned)
 
     @property
     def default_seconds(self) -> float | None:

@@ -206,8 +206,9 @@ class PlannedStep:
         graph = tf.compat.v1.get_default_graph()
         start = last_op_id(graph)
         plan = self.applier.plan
-        patched = [] if self.custom_step else self._patch_layers(plan)
-        try:
+        with contextlib.ExitStack() as patches:
+            if not self.custom_step:
+                self._patch_layers(plan, patches)
             with graph.device(functools.partial(self._device_inside_functions, graph)):
                 if plan.data_parallel is not None:
                     outputs = self._replicated(data)
@@ -215,12 +216,6 @@ class PlannedStep:
                     outputs = self._waves(data)
                 else:
                     outputs = self.original(data)
-        finally:
-            for layer, own in patched:
-                if own is None:
-                    object.__delattr__(layer, "call")
-                else:
-                    object.__setattr__(layer, "call", own)
         returned = [t for t in tf.nest.flatten(outputs) if isinstance(t, (tf.Tensor, tf.Operation))]
         new_ops = live_operations([op for op in graph.get_operations() if op._id > start], returned)
         captures = {}
@@ -230,25 +225,22 @@ class PlannedStep:
         self.applier.apply(new_ops, captures)
         return outputs
 
-    def _patch_layers(self, plan) -> list:
+    def _patch_layers(self, plan, patches: contextlib.ExitStack) -> None:
         """Wraps the ``call`` of the plan's split layers (as shards) and, when the step runs as
-        waves, of the layers whose loops read their weights (read where each wave runs); returns
-        ``(layer, its own call attribute or None)`` for each, to put back after the trace."""
+        waves, of the layers whose loops read their weights (read where each wave runs), until
+        ``patches`` closes after the trace."""
         by_name = {layer.name: layer for layer in _compat.all_layers(self.model)}
         bound = self.applier.weight_bound_layers
         waves = plan.waves is not None and plan.waves.count > 1 and plan.data_parallel is None
         chains = _ShardChains()
-        patched = []
         for layer_name in sorted(set(plan.splits) | (bound if waves else set())):
             layer = by_name.get(layer_name)
             if layer is None:
                 continue
-            patched.append((layer, layer.__dict__.get("call")))
             reads = functools.partial(_compat.weights_read_here, layer) if layer_name in bound else None
             call = (split_call(layer.call, plan.splits[layer_name], chains, reads) if layer_name in plan.splits
                     else _with_weights_read_here(layer.call, reads))
-            object.__setattr__(layer, "call", call)
-        return patched
+            patches.enter_context(_compat.overridden(layer, "call", call))
 
     def _device_inside_functions(self, step_graph, op) -> str:
         """The device of an op made at trace time: the step's own ops keep theirs (the applier

@@ -29,7 +29,7 @@ def _swap(variable, device: str, creating) -> bool:
         new = tf.Variable(old.read_value(), dtype=old.dtype, trainable=old.trainable,
                           name=old.name.split(":")[0], aggregation=old.aggregation,
                           synchronization=old.synchronization)
-    variable._value = new
+    _compat.set_backing_variable(variable, new)
     return True
 
 
@@ -56,7 +56,7 @@ def current_homes(model) -> dict[str, str]:
     if not _compat.can_move_variables(model):
         return {}
     return {_compat.variable_path(v): normalize_device(v.value.device) for v in _everything(model)
-            if hasattr(v, "_value")}
+            if _compat.is_movable(v)}
 
 
 def move_variables(model, homes: dict[str, str], *, creating=None) -> int:
@@ -83,7 +83,7 @@ def move_variables(model, homes: dict[str, str], *, creating=None) -> int:
             flat = path.replace("/", "_")
             owner = next((o for o in owners if o in path or o.replace("/", "_") in flat), None)
             device = homes.get(owner) if owner else None
-        if device is not None and hasattr(variable, "_value"):
+        if device is not None and _compat.is_movable(variable):
             moved += _swap(variable, device, creating)
     _compat.reindex_optimizers(model)
     return moved
@@ -115,15 +115,17 @@ class HomeVariables:
 
     def __init__(self, model):
         self.model = model
-        self._homes = [(variable, variable._value) for variable in _everything(model) if hasattr(variable, "_value")]
+        self._homes = [(variable, _compat.backing_variable(variable)) for variable in _everything(model)
+                       if _compat.is_movable(variable)]
 
     @contextlib.contextmanager
     def at_home(self):
         """While inside, every moved variable is its home variable, given the planned value."""
-        moved = [(variable, variable._value, home) for variable, home in self._homes if variable._value is not home]
+        moved = [(variable, planned, home) for variable, home in self._homes
+                 if (planned := _compat.backing_variable(variable)) is not home]
         for variable, planned, home in moved:
             home.assign(planned)
-            variable._value = home
+            _compat.set_backing_variable(variable, home)
         if moved:
             _compat.reindex_optimizers(self.model)
         try:
@@ -131,6 +133,17 @@ class HomeVariables:
         finally:
             for variable, planned, home in moved:
                 planned.assign(home)
-                variable._value = planned
+                _compat.set_backing_variable(variable, planned)
             if moved:
                 _compat.reindex_optimizers(self.model)
+
+    def come_home(self) -> None:
+        """For good: every moved variable is its home variable again, given the current value
+        (a train function traced inside ``at_home`` then runs on the model as it is)."""
+        moved = [(variable, current, home) for variable, home in self._homes
+                 if (current := _compat.backing_variable(variable)) is not home]
+        for variable, current, home in moved:
+            home.assign(current)
+            _compat.set_backing_variable(variable, home)
+        if moved:
+            _compat.reindex_optimizers(self.model)

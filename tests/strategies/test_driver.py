@@ -2,7 +2,6 @@
 plan, no failure ends fit, every optimizer keeps its state, and verbose=0 is silent."""
 
 import dataclasses
-import types
 import warnings
 
 import keras
@@ -10,7 +9,8 @@ import pytest
 
 import kerasflow
 from kerasflow import KerasflowError
-from kerasflow.strategies import driver as driver_module
+from kerasflow.planner import planning
+from kerasflow.strategies import Collaborators
 from kerasflow.strategies.options import Options
 from tests.profiling import models
 
@@ -88,47 +88,50 @@ def test_a_missing_tensorboard_never_undoes_the_plan(monkeypatch, tmp_path, caps
     assert losses == pytest.approx(plain_mlp_losses(), rel=1e-5)
 
 
-def test_a_failure_while_tracing_the_planned_step_goes_back_to_the_default_placement(monkeypatch):
-    from kerasflow.strategies.applier import PlanApplier
+def heft_only(graph, cluster, **kwargs):
+    """A planner of one HEFT list schedule, as it comes: with its per-device order."""
+    return [kerasflow.planner.heft(graph, cluster)]
 
-    def broken(self, ops, captures):
-        raise ValueError("3 nodes in a cycle")
 
-    monkeypatch.setattr(PlanApplier, "apply", broken)
-    strategy, losses, messages = fit_mlp_under_fastt()
-    # With a per-device order, the order is dropped first; then the plan goes.
-    assert len(messages) == (2 if strategy.plan.order else 1), messages
-    assert all("planned order could not run" in message for message in messages[:-1])
-    assert "3 nodes in a cycle" in messages[-1] and "training continues on the default placement" in messages[-1]
+def fit_mlp_failing_from(count: int, failures: int | None):
+    """(strategy, losses, kerasflow's warnings) of the MLP trained one epoch on a HEFT plan whose
+    steps fail from its ``count``-th on, ``failures`` of them (None: every one)."""
+    x, y = mlp_data()
+    watch = kerasflow.strategies.ScriptedStopwatch({"heft": 1e-3}, fail_from=("heft", count), failures=failures)
+    strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False,
+                                       collaborators=Collaborators(planner=heft_only, stopwatch=watch))
+    with strategy.scope():
+        keras.utils.set_random_seed(7)
+        model = models.mlp(keras, dropout=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = fit(model, x, y)
+    return strategy, losses, kerasflow_warnings(caught)
+
+
+def test_a_planned_step_that_keeps_failing_goes_back_to_the_default_placement():
+    strategy, losses, messages = fit_mlp_failing_from(0, None)
+    # The plan has a per-device order: the order is dropped first; then the plan goes.
+    cause = "RuntimeError: a failure forced at step 1 of heft"
+    assert messages == ["kerasflow: the planned order could not run (RuntimeError: a failure forced at step 0 of "
+                        "heft); keeping the placement without it.",
+                        f"kerasflow: running the planned step failed ({cause}); training continues on the default "
+                        "placement. If this persists, report it with the model's code, or plan offline with "
+                        "kerasflow.profiling.profile_model and kerasflow.plan and pass plan=."]
     report = strategy.placement_report()
-    assert not strategy.plan_in_force and not report.in_force and "3 nodes in a cycle" in report.fallback
+    assert not strategy.plan_in_force and not report.in_force and report.fallback == f"running the planned step " \
+                                                                                     f"failed: {cause}"
     assert "Plan not in force" in report.summary()
     assert losses == pytest.approx(plain_mlp_losses(), rel=1e-5)
 
 
-def test_an_order_tensorflow_refuses_is_dropped_and_the_report_says_so(monkeypatch):
-    from kerasflow.planner import planning
-    from kerasflow.strategies.applier import PlanApplier
-
-    real = PlanApplier.apply
-
-    def refuses_the_order(self, ops, captures):
-        if self.plan.order and not self.skip_order:
-            raise ValueError("the order closes a cycle")
-        return real(self, ops, captures)
-
-    monkeypatch.setattr(PlanApplier, "apply", refuses_the_order)
-    monkeypatch.setattr(planning, "order_if_faster", lambda candidate, *args, **kwargs: candidate)  # keep an order
-    # A list schedule always has an order (which plan wins otherwise depends on the profile's noise).
-    monkeypatch.setattr(driver_module, "ranked_plans",
-                        lambda *args, **kwargs: planning.ranked_plans(*args, **{**kwargs, "candidates": ("heft",),
-                                                                                "tick_tock": "off"}))
-    strategy, losses, messages = fit_mlp_under_fastt()
+def test_an_order_tensorflow_refuses_is_dropped_and_the_report_says_so():
+    strategy, losses, messages = fit_mlp_failing_from(0, 1)  # the retry without the order runs
     assert strategy.plan.order, "the test needs a plan with a per-device order"
-    assert len(messages) == 1
+    assert len(messages) == 1 and "planned order could not run" in messages[0]
     report = strategy.placement_report()
     assert report.in_force and strategy.plan_in_force
-    assert len(report.not_applied) == 1 and "the order closes a cycle" in report.not_applied[0]
+    assert len(report.not_applied) == 1 and "a failure forced at step 0 of heft" in report.not_applied[0]
     assert "Not applied: the per-device order" in report.summary()
     assert losses == pytest.approx(plain_mlp_losses(), rel=1e-5)
 
@@ -250,43 +253,49 @@ def test_the_measured_step_is_said_once_beside_the_prediction_and_the_default_pl
     assert report["tie_margin"] == round(min(0.15, max(0.03, 2 * spread)), 6)
 
 
+class Stopwatch:
+    """Runs every step for real and reports scripted seconds: ``default`` for a step of the default
+    placement, ``planned`` (seconds, or a function of the plan's rank: 0 for the first plan put in
+    force, 1 for the runner-up) for a planned one. ``default`` may be an exception to raise."""
+
+    def __init__(self, planned, default=1e-3):
+        self.planned, self.default, self.plans = planned, default, []
+
+    def __call__(self, step, plan):
+        if plan is None:
+            if isinstance(self.default, Exception):
+                raise self.default
+            return step(), self.default
+        if plan.algorithm not in self.plans:
+            self.plans.append(plan.algorithm)
+        rank = self.plans.index(plan.algorithm)
+        return step(), self.planned(rank) if callable(self.planned) else self.planned
+
+
 @pytest.mark.parametrize("steps_per_execution", [1, 2])
-def test_the_measured_step_is_per_train_step(monkeypatch, steps_per_execution):
-    # A clock that moves 0.1 s at every reading: each call of the train function lasts 0.1 s,
-    # so a train step lasts 0.1 s / steps_per_execution.
-    readings = iter(range(10**6))
-    monkeypatch.setattr(driver_module, "time", types.SimpleNamespace(perf_counter=lambda: 0.1 * next(readings)))
+def test_the_measured_step_is_per_train_step(steps_per_execution):
+    # Each call of the train function "lasts" 0.1 s, so a train step lasts 0.1 s / steps_per_execution.
     x, y = mlp_data()
     keras.utils.set_random_seed(7)
     model = models.mlp(keras, dropout=False)
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   steps_per_execution=steps_per_execution)
-    callback = kerasflow.callbacks.FastT(verbose=0, drop_slower_plan=False)
+    callback = kerasflow.callbacks.FastT(verbose=0, drop_slower_plan=False,
+                                         collaborators=Collaborators(stopwatch=Stopwatch(0.1)))
     model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False, callbacks=[callback])
     assert callback.plan_in_force
     assert callback.report["measured_step_time"] == pytest.approx(0.1 / steps_per_execution)
 
 
-def fit_mlp_on_a_clock(monkeypatch, seconds_a_call, default_seconds=1e-3, **options):
-    """(callback, losses, kerasflow's warnings) of the MLP trained two epochs through the
-    callback while the driver's clock says each call of the planned train function lasts
-    ``seconds_a_call`` (seconds, or a function of the callback giving them) and each call of
-    the default placement's, timed beside it, ``default_seconds`` (the profile times the
-    default placement with the real clock: a few ms a step)."""
-    now = [0.0]
-
-    def clock():
-        if callback.driver.running_default:
-            now[0] += default_seconds
-        else:
-            now[0] += seconds_a_call(callback) if callable(seconds_a_call) else seconds_a_call
-        return now[0]
-
-    monkeypatch.setattr(driver_module, "time", types.SimpleNamespace(perf_counter=clock))
+def fit_mlp_timed(planned, default=1e-3, planner=None, **options):
+    """(callback, losses, kerasflow's warnings) of the MLP trained two epochs through the callback
+    while each planned step reports ``planned`` seconds and each default step ``default``
+    (``Stopwatch``), planned by ``planner`` (default: kerasflow's)."""
+    parts = Collaborators(stopwatch=Stopwatch(planned, default), **({"planner": planner} if planner else {}))
     x, y = mlp_data()
     keras.utils.set_random_seed(7)
     model = models.mlp(keras, dropout=False)
-    callback = kerasflow.callbacks.FastT(verbose=0, **options)
+    callback = kerasflow.callbacks.FastT(verbose=0, collaborators=parts, **options)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         losses = model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False,
@@ -301,17 +310,14 @@ def plain_mlp_losses_for_two_epochs():
                                                 shuffle=False).history["loss"]
 
 
-def runners_up_predicted_at(monkeypatch, seconds):
-    """Plans inside fit as usual, but every candidate after the first predicted at ``seconds``
-    (the real predictions sit near the default step on this machine, so whether one is worth a
-    try would be up to the profile's noise)."""
-    real = driver_module.ranked_plans
-
+def runners_up_predicted_at(seconds):
+    """A planner as kerasflow's, every candidate after the first predicted at ``seconds`` (the real
+    predictions sit near the default step on this machine, so whether one is worth a try would be
+    up to the profile's noise)."""
     def ranked(graph, cluster, **kwargs):
-        first, *others = real(graph, cluster, **kwargs)
+        first, *others = planning.ranked_plans(graph, cluster, **kwargs)
         return [first] + [dataclasses.replace(plan, predicted_step_time=seconds) for plan in others]
-
-    monkeypatch.setattr(driver_module, "ranked_plans", ranked)
+    return ranked
 
 
 def slower_by(measured_ms: str, default_ms: str, ratio: str) -> str:
@@ -319,11 +325,10 @@ def slower_by(measured_ms: str, default_ms: str, ratio: str) -> str:
             f"alternating steps ({ratio}x its step, the median of 6 rounds)")
 
 
-def test_a_plan_measured_slower_than_the_default_placement_beside_it_is_dropped(monkeypatch):
-    # Planned calls "last" 1 s, default ones 1 ms: the runner-up, predicted at 0.5 ms, is tried,
+def test_a_plan_measured_slower_than_the_default_placement_beside_it_is_dropped():
+    # Planned steps "last" 1 s, default ones 1 ms: the runner-up, predicted at 0.5 ms, is tried,
     # and measures 1 s too.
-    runners_up_predicted_at(monkeypatch, 0.5e-3)
-    callback, losses, said = fit_mlp_on_a_clock(monkeypatch, 1.0)
+    callback, losses, said = fit_mlp_timed(1.0, planner=runners_up_predicted_at(0.5e-3))
     assert callback.report["plan_replaced"].split(": ")[0] in callback.report["candidates"]  # the first gave way
     reason = slower_by("1000.00", "1.00", "1000.00")
     assert callback.report["default_step_time"] == pytest.approx(1e-3)
@@ -338,12 +343,11 @@ def test_a_plan_measured_slower_than_the_default_placement_beside_it_is_dropped(
     assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
 
 
-def test_a_plan_measured_slower_gives_way_to_the_runner_up_which_stays_when_faster(monkeypatch):
-    # Each planned call "lasts" 1 s until the first plan is replaced, then 1 us; default calls
-    # 1 ms; the runner-up is predicted at 0.5 ms.
-    runners_up_predicted_at(monkeypatch, 0.5e-3)
-    callback, losses, said = fit_mlp_on_a_clock(
-        monkeypatch, lambda callback: 1e-6 if "plan_replaced" in callback.report else 1.0)
+def test_a_plan_measured_slower_gives_way_to_the_runner_up_which_stays_when_faster():
+    # The first plan's steps "last" 1 s, the runner-up's 1 us; default steps 1 ms; the runner-up
+    # is predicted at 0.5 ms.
+    callback, losses, said = fit_mlp_timed(lambda rank: 1e-6 if rank else 1.0,
+                                           planner=runners_up_predicted_at(0.5e-3))
     first, reason = callback.report["plan_replaced"].split(": ", 1)
     assert first in callback.report["candidates"] and reason == slower_by("1000.00", "1.00", "1000.00")
     assert callback.plan_in_force and said == [] and "plan_dropped" not in callback.report
@@ -356,11 +360,11 @@ def test_a_plan_measured_slower_gives_way_to_the_runner_up_which_stays_when_fast
     assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
 
 
-def test_a_plan_measured_slower_is_dropped_at_once_when_every_runner_up_is_of_its_kind(monkeypatch):
+def test_a_plan_measured_slower_is_dropped_at_once_when_every_runner_up_is_of_its_kind():
     # replicated="off": every candidate places the step whole, like the first plan, which
     # measures 1 s against its prediction of a few ms; each runner-up is expected that many
     # times slower than its own prediction, so none is tried (no second retrace).
-    callback, losses, said = fit_mlp_on_a_clock(monkeypatch, 1.0, replicated="off")
+    callback, losses, said = fit_mlp_timed(1.0, replicated="off")
     report = callback.report
     assert "plan_replaced" not in report
     ratio = 1.0 / report["predicted_step_time"]
@@ -376,11 +380,10 @@ def test_a_plan_measured_slower_is_dropped_at_once_when_every_runner_up_is_of_it
     assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
 
 
-def test_a_runner_up_not_expected_5_percent_faster_than_the_default_placement_is_not_tried(monkeypatch):
-    # The others are predicted at 0.99 ms, against default calls of 1 ms: the best is of the
+def test_a_runner_up_not_expected_5_percent_faster_than_the_default_placement_is_not_tried():
+    # The others are predicted at 0.99 ms, against default steps of 1 ms: the best is of the
     # other kind (its prediction stands), short of the 5 % a retrace and another timing must buy.
-    runners_up_predicted_at(monkeypatch, 0.99e-3)
-    callback, _, said = fit_mlp_on_a_clock(monkeypatch, 1.0)
+    callback, _, said = fit_mlp_timed(1.0, planner=runners_up_predicted_at(0.99e-3))
     assert "plan_replaced" not in callback.report
     assert said and said[0].endswith(
         "is expected at 0.99 ms, not 5 % faster than the default placement; training continues on the default "
@@ -389,73 +392,64 @@ def test_a_runner_up_not_expected_5_percent_faster_than_the_default_placement_is
 
 
 @pytest.mark.parametrize("planned, default", [(1.02e-3, 1e-3), (1.05e-3, 1e-3)])
-def test_a_plan_within_3_percent_of_the_default_placement_stays(monkeypatch, planned, default):
-    callback, _, said = fit_mlp_on_a_clock(monkeypatch, planned, default_seconds=default, replicated="off")
+def test_a_plan_within_3_percent_of_the_default_placement_stays(planned, default):
+    callback, _, said = fit_mlp_timed(planned, default, replicated="off")
     kept = planned / default <= 1.03
     assert callback.plan_in_force is kept and ("plan_dropped" in callback.report) is not kept
     assert callback.report["measured_step_time"] == pytest.approx(planned)
 
 
-def plans_ranked_first(monkeypatch, algorithm):
-    """Plans inside fit as usual, the plan of ``algorithm`` ranked first."""
-    real = driver_module.ranked_plans
-    monkeypatch.setattr(driver_module, "ranked_plans", lambda graph, cluster, **kwargs: sorted(
-        real(graph, cluster, **kwargs), key=lambda plan: plan.algorithm != algorithm))
+def ranked_first(algorithm):
+    """A planner as kerasflow's, the plan of ``algorithm`` ranked first."""
+    return lambda graph, cluster, **kwargs: sorted(planning.ranked_plans(graph, cluster, **kwargs),
+                                                   key=lambda plan: plan.algorithm != algorithm)
 
 
 @pytest.mark.parametrize("algorithm", ["layerwise_model_parallel", "data_parallel"])
-def test_default_steps_timed_between_planned_ones_keep_the_math_and_the_plan(monkeypatch, algorithm):
-    # The plan's calls "last" 1 us against 1 ms on the default placement: it stays. Its
+def test_default_steps_timed_between_planned_ones_keep_the_math_and_the_plan(algorithm):
+    # The plan's steps "last" 1 us against 1 ms on the default placement: it stays. Its
     # variables moved (layer-wise) or were copied per replica (data-parallel); the default
     # steps ran on the variables before the plan, and every step went on from the last one.
-    plans_ranked_first(monkeypatch, algorithm)
-    callback, losses, said = fit_mlp_on_a_clock(monkeypatch, 1e-6)
+    callback, losses, said = fit_mlp_timed(1e-6, planner=ranked_first(algorithm))
     assert callback.plan.algorithm == algorithm and callback.plan_in_force and said == []
     assert callback.report["default_step_time"] == pytest.approx(1e-3)
     assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
     kernels = [layer.kernel for layer in callback.model.layers if hasattr(layer, "kernel")]
     if algorithm == "data_parallel":
-        assert callback.driver.replicas.differences() == 0.0  # every copy was given the default steps' values
+        # Every copy was given the default steps' values.
+        assert callback.driver.in_force_parts.replicas.differences() == 0.0
     else:
         assert {kernel.value.device.split("/")[-1] for kernel in kernels} != {"device:CPU:0"}
 
 
-def test_a_default_step_that_fails_ends_the_timing_and_the_plan_stays(monkeypatch):
-    def refuse(self, iterator):
-        raise RuntimeError("no default step today")
-
-    monkeypatch.setattr(driver_module.Driver, "_run_default_step", refuse)
-    callback, losses, said = fit_mlp_on_a_clock(monkeypatch, 1.0)  # a plan that slow would be dropped
+def test_a_default_step_that_fails_ends_the_timing_and_the_plan_stays():
+    callback, losses, said = fit_mlp_timed(1.0, default=RuntimeError("no default step today"))
     assert said == ["kerasflow: timing the default placement beside the plan failed (RuntimeError: no default "
-                    "step today); the plan stays in force."]
+                    "step today); the plan stays in force."]  # a plan that slow would otherwise be dropped
     assert callback.plan_in_force and "measured_step_time" not in callback.report
     assert callback.driver.trial is None
     assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
 
 
-def test_replicas_after_a_plan_that_moved_the_variables_take_the_default_steps_values(monkeypatch):
+def test_replicas_after_a_plan_that_moved_the_variables_take_the_default_steps_values():
     # Layer-wise first (it moves variables off /CPU:0), then data parallelism (back on /CPU:0,
     # as new variables, copied per replica): each default step of the second timing runs on the
     # home variables, and every replica must start the next planned step from its values.
-    real = driver_module.ranked_plans
-
     def two(graph, cluster, **kwargs):
-        by_name = {plan.algorithm: plan for plan in real(graph, cluster, **kwargs)}
+        by_name = {plan.algorithm: plan for plan in planning.ranked_plans(graph, cluster, **kwargs)}
         return [by_name["layerwise_model_parallel"],
                 dataclasses.replace(by_name["data_parallel"], predicted_step_time=0.5e-3)]
 
-    monkeypatch.setattr(driver_module, "ranked_plans", two)
-    callback, losses, said = fit_mlp_on_a_clock(
-        monkeypatch, lambda callback: 1e-6 if "plan_replaced" in callback.report else 1.0)
+    callback, losses, said = fit_mlp_timed(lambda rank: 1e-6 if rank else 1.0, planner=two)
     assert callback.report["plan_replaced"].startswith("layerwise_model_parallel: ")
     assert callback.plan.algorithm == "data_parallel" and callback.plan_in_force and said == []
-    assert callback.driver.replicas.differences() == 0.0
+    assert callback.driver.in_force_parts.replicas.differences() == 0.0
     assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
 
 
-@pytest.mark.parametrize("seconds_a_call, options", [(1e-6, {}), (1.0, {"drop_slower_plan": False})])
-def test_a_plan_measured_as_fast_or_kept_on_request_stays(monkeypatch, seconds_a_call, options):
-    callback, losses, said = fit_mlp_on_a_clock(monkeypatch, seconds_a_call, **options)
+@pytest.mark.parametrize("seconds, options", [(1e-6, {}), (1.0, {"drop_slower_plan": False})])
+def test_a_plan_measured_as_fast_or_kept_on_request_stays(seconds, options):
+    callback, losses, said = fit_mlp_timed(seconds, **options)
     assert callback.plan_in_force and said == []
-    assert callback.report["measured_step_time"] == pytest.approx(seconds_a_call)
+    assert callback.report["measured_step_time"] == pytest.approx(seconds)
     assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)

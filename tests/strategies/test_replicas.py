@@ -11,7 +11,7 @@ import tensorflow as tf
 import kerasflow
 from kerasflow import KerasflowError
 from kerasflow.planner import DataParallel, Plan, planning, ticktock
-from kerasflow.strategies import driver as driver_module
+from kerasflow.strategies import Collaborators
 from kerasflow.strategies.options import Options
 from kerasflow.strategies.replicas import Replicas, ring_all_reduce
 
@@ -88,7 +88,7 @@ def test_a_data_parallel_plan_trains_as_one_device_does_with_a_partial_last_batc
     np.testing.assert_allclose(history["accuracy"], expected["accuracy"], rtol=1e-5)
     assert strategy.plan_in_force and strategy.placement_report() == []
     # Every copy applied the same update from the same summed gradients.
-    assert strategy._driver_of().replicas.differences() == 0.0
+    assert strategy._driver_of().in_force_parts.replicas.differences() == 0.0
     # The ring ran: gradient chunks went from each device to the next one.
     pairs = {(t.src, t.dst) for t in strategy.placement_report().transfers if t.tensor.startswith("ring")}
     assert pairs == {("/CPU:0", "/CPU:1"), ("/CPU:1", "/CPU:2"), ("/CPU:2", "/CPU:0")}
@@ -100,7 +100,7 @@ def test_a_learning_rate_a_callback_sets_reaches_every_copy():
     strategy = kerasflow.FastTStrategy(devices=DEVICES, plan=data_parallel_plan(), verbose=0)
     _, history = history_under(strategy, callbacks=[schedule])
     np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
-    assert strategy._driver_of().replicas.differences() == 0.0
+    assert strategy._driver_of().in_force_parts.replicas.differences() == 0.0
 
 
 def test_refresh_gives_every_copy_and_optimizer_clone_the_models_own_values():
@@ -188,18 +188,18 @@ def test_auto_replicates_batch_normalization_and_keeps_random_layers_on_one_repl
     assert {"data_parallel", "data_parallel_replica_statistics"} <= candidates_planned(on, normalized)
 
 
-def test_replicas_that_change_the_math_say_so_once(monkeypatch, capsys):
+def test_replicas_that_change_the_math_say_so_once(capsys):
     # The planner made to choose data parallelism: on Dropout (allowed by "on") one line names
     # the layer; on BatchNormalization and the classifier, whose replicas keep the math, nothing;
     # on BatchNormalization under "on", whose replicas then keep their own statistics, one line.
-    monkeypatch.setattr(driver_module, "ranked_plans", lambda *args, **kwargs: planning.ranked_plans(
+    parts = Collaborators(planner=lambda *args, **kwargs: planning.ranked_plans(
         *args, **{**kwargs, "candidates": ("data_parallel_replica_statistics", "data_parallel")}))
     said = {}
     for name, build, replicated in (("dropped_out", dropped_out, "on"), ("normalized", normalized, "auto"),
                                     ("classifier", classifier, "auto"), ("normalized_on", normalized, "on")):
         # tick_tock="off": no wave candidate beside the two (one of them can win on noise).
         strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], replicated=replicated, verbose=1,
-                                           drop_slower_plan=False, tick_tock="off")
+                                           drop_slower_plan=False, tick_tock="off", collaborators=parts)
         keras.utils.set_random_seed(5)
         with strategy.scope():
             model = build()
@@ -228,16 +228,17 @@ def test_a_model_with_its_own_train_step_falls_back_with_the_reason():
         warnings.simplefilter("always")
         history = model.fit(dataset(), epochs=1, verbose=0).history
     messages = [str(w.message) for w in caught if "kerasflow" in str(w.message)]
-    assert len(messages) == 1 and "its own train_step" in messages[0] and "replicated=False" in messages[0]
+    assert len(messages) == 1 and "its own train_step" in messages[0] and "replicated='off'" in messages[0]
     assert np.isfinite(history["loss"][0]) and not strategy.plan_in_force
     assert "its own train_step" in strategy.placement_report().summary()
 
 
-def test_replicated_takes_auto_on_off_or_a_boolean():
-    assert Options.build(["/CPU:0"], replicated=False).replicated == "off"
+def test_replicated_takes_auto_on_or_off():
     assert Options.build(["/CPU:0"], replicated="ON").replicated == "on"
-    with pytest.raises(KerasflowError, match=r"replicated must be 'auto', 'on' or 'off'.*Received: replicated='some'"):
-        Options.build(["/CPU:0"], replicated="some")
+    for wrong in ("some", False):
+        with pytest.raises(KerasflowError, match=rf"replicated must be one of \['auto', 'on', 'off'\]. "
+                                                 rf"Received: replicated={wrong!r}"):
+            Options.build(["/CPU:0"], replicated=wrong)
 
 
 def test_a_tf_keras_model_falls_back_with_the_reason():

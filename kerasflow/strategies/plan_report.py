@@ -1,0 +1,78 @@
+"""``PlanReport``: what planning inside ``fit`` did and measured, as a typed object (also readable as a mapping)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["PlanReport"]
+
+
+@dataclasses.dataclass
+class PlanReport:
+    """What planning inside ``fit`` did for one model; a field is None until it happens.
+
+    Also readable as a mapping of the fields that are set (``report["algorithm"]``,
+    ``"plan_dropped" in report``, ``dict(report)``), as earlier versions returned a dict.
+
+    Attributes:
+        plan_seconds: profiling and planning inside ``fit``, seconds (the retrace of the step on
+            the plan happens in the next step).
+        algorithm: the plan in force last (or dropped last).
+        summary: the line printed when the plan was made.
+        predicted_step_time: that plan's simulated step, seconds.
+        candidates: every candidate's predicted step, seconds, by name.
+        tie_margin: candidates predicted this close to the fastest were tied (from the
+            profile's noise).
+        measured_step_time: the median planned step timed inside ``fit``, seconds per train step.
+        default_step_time: the median step of the default placement timed beside it (not for
+            ``drop_slower_plan=False`` or a given plan).
+        measured_summary: the line printed when the timing ended.
+        settled_step: the first step of ``fit`` after the timing.
+        plan_replaced: which plan gave way to the runner-up, and why.
+        plan_dropped: why the plan was dropped (training went on on the default placement).
+
+    Example:
+        >>> report = PlanReport(algorithm="heft", predicted_step_time=0.01)
+        >>> report["algorithm"], "plan_dropped" in report, sorted(report)
+        ('heft', False, ['algorithm', 'predicted_step_time'])
+    """
+
+    plan_seconds: float | None = None
+    algorithm: str | None = None
+    summary: str | None = None
+    predicted_step_time: float | None = None
+    candidates: dict | None = None
+    tie_margin: float | None = None
+    measured_step_time: float | None = None
+    default_step_time: float | None = None
+    measured_summary: str | None = None
+    settled_step: int | None = None
+    plan_replaced: str | None = None
+    plan_dropped: str | None = None
+
+    def _set(self) -> dict:
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                if getattr(self, field.name) is not None}
+
+    def __getitem__(self, name: str):
+        value = self._set().get(name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._set()
+
+    def __iter__(self):
+        return iter(self._set())
+
+    def __len__(self) -> int:
+        return len(self._set())
+
+    def keys(self):
+        """The names of the fields that are set."""
+        return self._set().keys()
+
+    def get(self, name: str, default=None):
+        """A field's value, or ``default`` while it is None."""
+        return self._set().get(name, default)

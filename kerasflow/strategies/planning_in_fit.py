@@ -1,0 +1,120 @@
+"""Profiling and planning inside ``fit``: the recorded step as an ``OpGraph``, the ranked plans, the report."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from kerasflow import _compat
+from kerasflow.multihost import task_of
+from kerasflow.planner import Cluster, OpGraph, Plan
+from kerasflow.planner.planning import tie_margin_for
+from kerasflow.planner.ticktock import replica_coupled_ops
+from kerasflow.profiling.xplane import KernelTimes, StepProfiler
+from kerasflow.strategies.collaborators import Collaborators
+from kerasflow.strategies.options import Options
+from kerasflow.strategies.plan_report import PlanReport
+from kerasflow.strategies.reporting import Reporter
+
+__all__ = ["plan_in_fit", "may_replicate", "ProfiledSteps", "given_plan_mismatch"]
+
+
+def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Cluster, options: Options,
+                collaborators: Collaborators, reporter: Reporter) -> tuple[OpGraph, list[Plan], PlanReport]:
+    """Profiles the model's own step at ``batch`` and plans it with the collaborators.
+
+    Args:
+        model: the model, on the default placement.
+        batch: a real batch of its data (tensors).
+        own_step: the model's own ``train_step`` (traced for the profile).
+        kernel_times: the kernel times of ``fit``'s profiled steps, or None.
+        cluster: the cluster to plan for.
+        options: the door's options.
+        collaborators: the profiler and planner.
+        reporter: where the phases and the plan's line are said.
+
+    Returns:
+        ``(graph, [best plan, *runners-up], report)``.
+    """
+    started = time.perf_counter()
+    custom = _compat.has_own_train_step(model)
+    say = reporter.say
+    with _compat.overridden(model, "train_step", own_step):
+        graph = collaborators.profiler(
+            model, batch, device=options.devices[0], warmup_steps=1, steps=options.profile_steps,
+            kernel_times=kernel_times, quiet=reporter.quiet, say=lambda message: say(f"kerasflow: {message}"),
+            source="kerasflow in-fit profile")
+    say(f"kerasflow: planning for {len(options.devices)} devices")
+    replicated = may_replicate(options, model, graph)
+    plans = collaborators.planner(
+        graph, cluster, split=options.split and not custom, tick_tock="off" if custom else options.tick_tock,
+        memory_limit=options.memory_limit, max_split_evaluations=options.max_split_evaluations,
+        replicated=replicated, replica_statistics=replicated and options.replicated == "on",  # the user allows it
+        verbose=0 if reporter.quiet else options.verbose)
+    best = plans[0]
+    seconds = time.perf_counter() - started
+    line = reporter.planned(best, graph, cluster, seconds, len(options.devices))
+    report = PlanReport(plan_seconds=seconds, algorithm=best.algorithm, summary=line,
+                        predicted_step_time=best.predicted_step_time, candidates=dict(best.candidates),
+                        tie_margin=tie_margin_for(graph))
+    if options.log_dir:
+        reporter.write_logs(options.log_dir, best, graph, cluster)
+    return graph, list(plans), report
+
+
+def may_replicate(options: Options, model, graph: OpGraph) -> bool:
+    """Whether the planner may replicate the step: ``replicated="on"``, or ``"auto"`` where the
+    replicas keep the model's math (no batch-coupled op but BatchNormalization's, whose
+    statistics they compute together) on one host (replicas across hosts are untested), on a
+    runtime that can run them (a Keras 3 model whose train_step is Keras' own)."""
+    if options.replicated == "off" or _compat.has_own_train_step(model) or not _compat.can_move_variables(model):
+        return False
+    one_host = len({task_of(d) for d in options.devices}) == 1
+    return options.replicated == "on" or (one_host and not replica_coupled_ops(graph))
+
+
+def given_plan_mismatch(model, batch, own_step: Callable, plan: Plan) -> tuple[OpGraph, str | None]:
+    """The model's step structure (no costs) and, when ``plan`` was made for another model, why
+    (its fingerprint differs), else None."""
+    from kerasflow.profiling.profiler import graph_structure
+
+    structure = graph_structure(model, batch, own_step)
+    if not plan.graph_fingerprint or structure.fingerprint() == plan.graph_fingerprint:
+        return structure, None
+    return structure, (f"The plan was made for another model (fingerprint {plan.graph_fingerprint}, this model's "
+                       f"{structure.fingerprint()}). Make a plan for this model, or pass on_mismatch='replan' to "
+                       "profile and plan afresh.")
+
+
+class ProfiledSteps:
+    """``fit``'s own steps under TensorFlow's profiler: it starts when made, each step is marked
+    between ``enter`` and ``leave``, and ``stop`` returns the kernel times (``close`` stops it
+    without them, after a failure)."""
+
+    def __init__(self, quiet: bool):
+        self._profiler = StepProfiler(quiet=quiet)
+        self._profiler.start()
+        self._marked = None
+        self.steps = 0
+
+    def enter(self) -> None:
+        """Marks the step about to run."""
+        self._marked = self._profiler.step(self.steps)
+        self._marked.__enter__()
+
+    def leave(self) -> None:
+        """Ends the step's mark."""
+        if self._marked is not None:
+            self._marked.__exit__(None, None, None)
+            self._marked, self.steps = None, self.steps + 1
+
+    def stop(self) -> KernelTimes:
+        """Stops the profiler: the kernel times of the marked steps."""
+        return self._profiler.stop()
+
+    def close(self) -> None:
+        """Stops the profiler after a failure (whose cause is the one to report)."""
+        try:
+            self._profiler.stop()
+        except Exception:  # noqa: BLE001 - already failing
+            pass
