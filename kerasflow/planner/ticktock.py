@@ -144,13 +144,3 @@ def pipeline(graph: OpGraph, cluster: Cluster, micro_batches: int = 2, stages: i
     base, _ = _stages(graph, cluster, stages, batch)
     return with_waves(base, graph, cluster, count=micro_batches, offset="none", batch=batch,
                       algorithm=f"gpipe-{micro_batches}")
-
-
-def __getattr__(name: str):
-    # The largest-batch search lives in ``maxbatch`` (it plans with ``planning``, which builds
-    # on this module); these names stay reachable here, resolved on first use.
-    if name in ("max_batch", "MaxBatch", "STRATEGIES"):
-        from . import maxbatch
-
-        return getattr(maxbatch, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
