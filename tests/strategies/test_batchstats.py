@@ -78,7 +78,7 @@ def test_replicas_train_as_one_device_does(one_device):
     for moving, expected_moving in zip(moving_statistics(model), moving_statistics(expected_model)):
         np.testing.assert_allclose(moving, expected_moving, rtol=1e-4, atol=5e-5)
     # Every copy normalized with the same statistics and applied the same update.
-    assert strategy._driver_of().replicas.differences() == 0.0
+    assert strategy._driver_of().in_force_parts.replicas.differences() == 0.0
     rings = {(t.src, t.dst) for t in strategy.placement_report().transfers if t.tensor.startswith("batch_statistics")}
     assert rings == {("/CPU:0", "/CPU:1"), ("/CPU:1", "/CPU:2"), ("/CPU:2", "/CPU:0")}
 
