@@ -1,14 +1,28 @@
-"""Applies hand-written mutations of the planner's core behaviour, one at a time, and reports which
-ones the planner's tests do not notice (the survivors). None may survive.
+"""Applies hand-written one-line mutations of kerasflow's pure parts, one at a time, and reports
+which ones their tests do not notice (the survivors). None may survive.
 
-Each mutation changes one line of kerasflow/planner in a temporary copy of the checkout; the
-planner tests and doctests run on that copy (stopping at the first failure). The working tree is
-never touched.
+The pure parts are the planner (``kerasflow/planner``) and the runtime's plain-Python pieces:
+``strategies.side_by_side`` (the schedule and verdict of a plan timed beside the default
+placement), ``planner.rerank`` (the runners-up after a measured plan), ``strategies.verdict``
+(keep the timed plan, try a runner-up, or drop it; with ``strategies.trial``'s one line that
+passes it no runner-up once ``fit`` has ended) and ``strategies.options`` (the checked settings
+and their ``KERASFLOW_*`` variables). Each mutation replaces one line in a temporary copy of the
+checkout and runs the tests it names (by default the planner's tests and doctests, which never
+start TensorFlow; the tests of ``kerasflow.strategies`` modules import the package, which
+does, about 10 s a run), stopping at the first failure. The working tree is never touched.
+
+Before anything runs, every mutation is checked against the checkout: one whose line no longer
+occurs exactly once in its file (the code moved on) stops the tool with one error that names
+every such mutation. Then each set of tests runs once without a mutation: tests that fail
+already would count every mutation as killed.
 
 Usage:
-    python tools/mutations.py            # every mutation (a few minutes on 2 cores)
-    python tools/mutations.py --list     # what each one changes
+    python tools/mutations.py            # every mutation (about six minutes on 2 cores)
+    python tools/mutations.py --list     # what each one changes, and the tests that must notice
     python tools/mutations.py barrier    # only those whose name contains "barrier"
+
+Exit status: 0 when every mutation run was killed, 1 when one survived, 2 when one is stale
+or when its tests fail (or cannot run) on the checkout as it is, before any mutation.
 """
 
 from __future__ import annotations
@@ -19,16 +33,39 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import NamedTuple
+import time
+from typing import Iterable, NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What of the checkout each temporary copy holds.
+COPIED = ("kerasflow", "tests", "setup.cfg", "benchmarks")
+PLANNER_TESTS = ("tests/planner", "kerasflow/planner")
+SIDE_BY_SIDE_TESTS = ("tests/strategies/test_side_by_side.py", "kerasflow/strategies/side_by_side.py")
+RERANK_TESTS = ("tests/planner/test_rerank.py", "kerasflow/planner/rerank.py")
+VERDICT_TESTS = ("tests/strategies/test_verdict.py", "kerasflow/strategies/verdict.py")
+OPTIONS_TESTS = ("tests/strategies/test_options.py", "kerasflow/strategies/options.py")
+# pytest's exit statuses of tests that ran and failed: a test failed (1), or an error, such as
+# one while collecting, stopped the run (2). Any other means the tests could not run at all.
+PYTEST_FAILED = (1, 2)
 
 
 class Mutation(NamedTuple):
+    """One hand-made bug.
+
+    Attributes:
+        name: what the bug does, in words.
+        path: the file it changes, relative to the checkout.
+        before: the text it replaces; must occur exactly once in ``path``.
+        after: the text put in its place.
+        tests: the test files, folders and modules (for their doctests) that must notice it,
+            relative to the checkout.
+    """
+
     name: str
-    path: str  # relative to the checkout
-    before: str  # must occur exactly once
+    path: str
+    before: str
     after: str
+    tests: tuple[str, ...] = PLANNER_TESTS
 
 
 MUTATIONS = [
@@ -56,8 +93,8 @@ MUTATIONS = [
     Mutation("wave gradients concatenated instead of summed", "kerasflow/planner/taskgraph.py",
              'role = "concat" if out.scales_with_batch else "sum"', 'role = "concat"'),
     Mutation("ring all-reduce with D-1 steps instead of 2(D-1)", "kerasflow/planner/taskgraph.py",
-             "seconds = 0.0 if link is None else 2 * (replicas - 1) * (",
-             "seconds = 0.0 if link is None else (replicas - 1) * ("),
+             "        return 2 * (replicas - 1) * (link.latency * latency_share",
+             "        return (replicas - 1) * (link.latency * latency_share"),
     Mutation("the step-time bound sends weight gradients for free", "kerasflow/planner/bounds.py",
              "        transfer = self.lowest_latency + nbytes / self.fastest_bandwidth", "        transfer = 0.0"),
     Mutation("split ops in the bound counted whole", "kerasflow/planner/bounds.py",
@@ -77,28 +114,138 @@ MUTATIONS = [
     Mutation("the tie margin is not capped", "kerasflow/planner/planning.py",
              "    return round(min(MAX_TIE_MARGIN, max(TIE_MARGIN, NOISE_TIES * spread)), 6)",
              "    return round(max(TIE_MARGIN, NOISE_TIES * spread), 6)"),
+    Mutation("the side-by-side verdict is the mean of the rounds' ratios", "kerasflow/strategies/side_by_side.py",
+             "        return statistics.median(p / d for p, d in zip(self._planned, self._default))",
+             "        return statistics.mean(p / d for p, d in zip(self._planned, self._default))",
+             SIDE_BY_SIDE_TESTS),
+    Mutation("the side-by-side ratio is default over planned", "kerasflow/strategies/side_by_side.py",
+             "        return statistics.median(p / d for p, d in zip(self._planned, self._default))",
+             "        return statistics.median(d / p for p, d in zip(self._planned, self._default))",
+             SIDE_BY_SIDE_TESTS),
+    Mutation("no untimed default step before the side-by-side rounds", "kerasflow/strategies/side_by_side.py",
+             "        self._schedule = ([(True, False)] + [",
+             "        self._schedule = ([] + [",
+             SIDE_BY_SIDE_TESTS),
+    Mutation("the side-by-side's first default step (which traces) is timed", "kerasflow/strategies/side_by_side.py",
+             "        self._schedule = ([(True, False)] + [",
+             "        self._schedule = ([(True, True)] + [",
+             SIDE_BY_SIDE_TESTS),
+    Mutation("rerank scales no plan by the measured one's ratio", "kerasflow/planner/rerank.py",
+             "plan.predicted_step_time * (ratio if same_kind(plan, measured_plan) else 1.0)",
+             "plan.predicted_step_time * 1.0",
+             RERANK_TESTS),
+    Mutation("rerank scales plans of the other kind too", "kerasflow/planner/rerank.py",
+             "plan.predicted_step_time * (ratio if same_kind(plan, measured_plan) else 1.0)",
+             "plan.predicted_step_time * ratio",
+             RERANK_TESTS),
+    Mutation("the verdict drops a plan exactly 3 % slower than the default placement",
+             "kerasflow/strategies/verdict.py",
+             "    if ratio <= 1 + SLOWER_MARGIN:", "    if ratio < 1 + SLOWER_MARGIN:",
+             VERDICT_TESTS),
+    Mutation("the verdict ignores RUNNER_UP_GAIN (any runner-up faster than the default is tried)",
+             "kerasflow/strategies/verdict.py",
+             "    if expected < default * (1 - RUNNER_UP_GAIN):", "    if expected < default:",
+             VERDICT_TESTS),
+    Mutation("the verdict takes its runner-up from the slow end of the ranking", "kerasflow/strategies/verdict.py",
+             "    best, expected = ranked[0]", "    best, expected = ranked[-1]",
+             VERDICT_TESTS),
+    Mutation("the verdict explains the scaling for a runner-up of the other kind, not the same kind",
+             "kerasflow/strategies/verdict.py",
+             '    scaled = "" if not same_kind(best, plan) else (', '    scaled = "" if same_kind(best, plan) else (',
+             VERDICT_TESTS),
+    Mutation("the verdict at fit's end tries a runner-up", "kerasflow/strategies/trial.py",
+             "schedule.rounds_done, [] if final else self.runners_up)", "schedule.rounds_done, self.runners_up)",
+             VERDICT_TESTS),
+    Mutation("options take warmup_steps=1", "kerasflow/strategies/options.py",
+             '    "warmup_steps": _parse_int(2),', '    "warmup_steps": _parse_int(1),',
+             OPTIONS_TESTS),
+    Mutation("options read an environment variable over a given argument", "kerasflow/strategies/options.py",
+             "            value = settings.get(name)",
+             '            value = os.environ.get(f"KERASFLOW_{name.upper()}") or settings.get(name)',
+             OPTIONS_TESTS),
+    Mutation("options name the setting, not the environment variable its bad value came from",
+             "kerasflow/strategies/options.py",
+             "                given[name] = parse(variable, os.environ[variable])",
+             "                given[name] = parse(name, os.environ[variable])",
+             OPTIONS_TESTS),
+    Mutation("options take booleans for replicated and tick_tock (True as on)", "kerasflow/strategies/options.py",
+             "        text = raw.strip().lower() if isinstance(raw, str) else None",
+             '        text = raw.strip().lower() if isinstance(raw, str) else {True: "on", False: "off"}.get(raw)',
+             OPTIONS_TESTS),
+    Mutation("options take an infinite or NaN memory_limit", "kerasflow/strategies/options.py",
+             "    if not math.isfinite(value) or value <= 0:", "    if value <= 0:",
+             OPTIONS_TESTS),
 ]
 
 
-def survives(mutation: Mutation, timeout: float) -> bool:
-    """True when the planner's tests pass with ``mutation`` applied (in a temporary copy)."""
+def stale(mutations: Iterable[Mutation]) -> list[str]:
+    """What keeps each of ``mutations`` from applying to the checkout as it is now.
+
+    Args:
+        mutations: the mutations to check.
+
+    Returns:
+        One line per problem, naming its mutation: a ``before`` that does not occur exactly once
+        in its file (the code moved on), an ``after`` equal to its ``before``, or a file or
+        test path that is gone. Empty when every mutation applies.
+    """
+    problems = []
+    for m in mutations:
+        source = os.path.join(ROOT, m.path)
+        if os.path.isfile(source):
+            with open(source, encoding="utf-8") as handle:
+                count = handle.read().count(m.before)
+            if count != 1:
+                problems.append(f"{m.name!r}: its before text occurs {count} times in {m.path} (must be once): "
+                                f"{m.before.strip()!r}")
+        else:
+            problems.append(f"{m.name!r}: no file {m.path}")
+        if m.after == m.before:
+            problems.append(f"{m.name!r}: its after text is its before text")
+        problems += [f"{m.name!r}: no test path {path}" for path in m.tests
+                     if not os.path.exists(os.path.join(ROOT, path))]
+    return problems
+
+
+def run_tests(tests: tuple[str, ...], timeout: float, mutation: Mutation | None = None) -> str | None:
+    """Runs ``tests`` on a temporary copy of the checkout, with ``mutation`` applied if given.
+
+    Args:
+        tests: test files, folders and modules, relative to the checkout.
+        timeout: seconds the tests may take; a run that takes longer counts as a failure.
+        mutation: a mutation that applies (see ``stale``), or None for the checkout as it is.
+
+    Returns:
+        None when the tests pass, else how they failed: pytest's first failure or error line,
+        or that they timed out.
+
+    Raises:
+        SystemExit: pytest could not run the tests at all (no test collected, a usage error).
+    """
     with tempfile.TemporaryDirectory(prefix="kerasflow_mutation_") as copy:
-        for part in ("kerasflow", "tests", "setup.cfg", "benchmarks"):
+        for part in COPIED:
             source = os.path.join(ROOT, part)
             (shutil.copytree if os.path.isdir(source) else shutil.copy)(source, os.path.join(copy, part))
-        target = os.path.join(copy, mutation.path)
-        with open(target, encoding="utf-8") as handle:
-            text = handle.read()
-        if text.count(mutation.before) != 1:
-            raise SystemExit(f"mutation {mutation.name!r}: its line occurs {text.count(mutation.before)} times in "
-                             f"{mutation.path}; update tools/mutations.py")
-        with open(target, "w", encoding="utf-8") as handle:
-            handle.write(text.replace(mutation.before, mutation.after))
-        command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/planner",
-                   "kerasflow/planner"]
+        if mutation is not None:
+            target = os.path.join(copy, mutation.path)
+            with open(target, encoding="utf-8") as handle:
+                text = handle.read()
+            with open(target, "w", encoding="utf-8") as handle:
+                handle.write(text.replace(mutation.before, mutation.after))
+        command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
         env = dict(os.environ, PYTHONPATH=copy)
-        result = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
-        return result.returncode == 0
+        try:
+            result = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f"timed out after {timeout:.0f} s"
+    if result.returncode == 0:
+        return None
+    if result.returncode not in PYTEST_FAILED:
+        print(f"tools/mutations.py: pytest could not run {' '.join(tests)} (exit status {result.returncode}):\n"
+              f"{result.stdout[-3000:]}{result.stderr[-3000:]}", file=sys.stderr)
+        raise SystemExit(2)
+    lines = result.stdout.splitlines()
+    return next((line for line in lines if line.startswith(("FAILED ", "ERROR "))), "a test failed")
 
 
 def main() -> int:
@@ -110,14 +257,34 @@ def main() -> int:
     chosen = [m for m in MUTATIONS if not args.only or any(word in m.name for word in args.only)]
     if args.list:
         for m in chosen:
-            print(f"{m.name}: {m.path}: {m.before.strip()!r} -> {m.after.strip()!r}")
+            print(f"{m.name}: {m.path}: {m.before.strip()!r} -> {m.after.strip()!r} (tests: {' '.join(m.tests)})")
+    problems = stale(MUTATIONS)
+    if problems:
+        print(f"tools/mutations.py: {len(problems)} mutation problem(s); bring MUTATIONS up to today's code:\n  "
+              + "\n  ".join(problems), file=sys.stderr)
+        return 2
+    if not chosen:
+        print(f"tools/mutations.py: no mutation's name contains any of {args.only}", file=sys.stderr)
+        return 2
+    if args.list:
         return 0
+    started = time.monotonic()
+    for tests in dict.fromkeys(m.tests for m in chosen):
+        failure = run_tests(tests, args.timeout)
+        if failure:
+            print(f"tools/mutations.py: {' '.join(tests)} fail without any mutation, so no mutation can be judged: "
+                  f"{failure}", file=sys.stderr)
+            return 2
     survivors = []
     for m in chosen:
-        alive = survives(m, args.timeout)
-        survivors += [m.name] if alive else []
-        print(f"{'SURVIVED' if alive else 'killed  '}  {m.name}", flush=True)
-    print(f"{len(chosen) - len(survivors)} of {len(chosen)} mutations killed; survivors: {survivors or 'none'}")
+        began = time.monotonic()
+        noticed = run_tests(m.tests, args.timeout, m)
+        if noticed is None:
+            survivors.append(m.name)
+        print(f"{'SURVIVED' if noticed is None else 'killed  '}  {m.name} ({time.monotonic() - began:.0f} s)"
+              + (f": {noticed}" if noticed else ""), flush=True)
+    print(f"{len(chosen) - len(survivors)} of {len(chosen)} mutations killed in {time.monotonic() - started:.0f} s; "
+          f"survivors: {survivors or 'none'}")
     return 1 if survivors else 0
 
 

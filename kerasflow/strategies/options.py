@@ -64,7 +64,7 @@ def _parse_memory(name: str, raw: Any) -> float | None:
     if raw is None:
         return None
     try:
-        value = float(raw)
+        value = math.nan if isinstance(raw, bool) else float(raw)
     except (TypeError, ValueError, OverflowError):
         value = math.nan
     if not math.isfinite(value) or value <= 0:

@@ -1,0 +1,244 @@
+"""Options: every setting's accepted and refused values, the KERASFLOW_* variables, and the frozen object."""
+
+import dataclasses
+import os
+import pathlib
+
+import pytest
+
+from kerasflow.planner import Plan
+from kerasflow.planner.errors import KerasflowError
+from kerasflow.strategies.options import Options, parse_bool
+
+DEVICES = ["/CPU:0", "/CPU:1"]
+
+
+@pytest.fixture(autouse=True)
+def no_kerasflow_variables(monkeypatch):
+    # The machine running the tests may set some: each test sees only those it sets itself.
+    for name in list(os.environ):
+        if name.startswith("KERASFLOW_"):
+            monkeypatch.delenv(name)
+
+
+def refused(message, **settings):
+    """Asserts that ``Options.build`` refuses ``settings`` with exactly ``message``."""
+    with pytest.raises(KerasflowError) as error:
+        Options.build(DEVICES, **settings)
+    assert str(error.value) == message
+
+
+def test_the_defaults():
+    options = Options.build(DEVICES)
+    assert options == Options(devices=("/CPU:0", "/CPU:1"), cluster=None, plan=None, warmup_steps=2,
+                              profile_steps=3, split=False, tick_tock="auto", replicated="auto", memory_limit=None,
+                              log_dir=None, verbose="auto", on_mismatch="error", drop_slower_plan=True,
+                              max_split_evaluations=16)
+    # The devices come in as any sequence and are kept as a tuple (the object is hashable).
+    assert options.devices == ("/CPU:0", "/CPU:1") and hash(options) == hash(Options.build(tuple(DEVICES)))
+
+
+@pytest.mark.parametrize("raw, value", [(2, 2), (7, 7), ("3", 3), (" 4 ", 4)])
+def test_warmup_steps_takes_integers_from_2_or_their_text(raw, value):
+    assert Options.build(DEVICES, warmup_steps=raw).warmup_steps == value
+
+
+@pytest.mark.parametrize("raw, shown", [
+    (1, "1"), (0, "0"), (-3, "-3"), ("1", "'1'"), ("x", "'x'"), (3.0, "3.0"), ("2.5", "'2.5'"),
+    # A bool is an int to Python, but True steps is a mistake, not 1.
+    (True, "True"), (False, "False"),
+])
+def test_warmup_steps_refuses_less_than_2_bools_and_non_integers(raw, shown):
+    # Steps 0 and 1 trace and optimise the graph: profiling starts at step 2 at the earliest.
+    refused(f"warmup_steps must be an integer >= 2. Received: warmup_steps={shown}", warmup_steps=raw)
+
+
+@pytest.mark.parametrize("raw, value", [(1, 1), ("1", 1), (10, 10)])
+def test_profile_steps_takes_integers_from_1(raw, value):
+    assert Options.build(DEVICES, profile_steps=raw).profile_steps == value
+
+
+@pytest.mark.parametrize("raw, shown", [(0, "0"), (-1, "-1"), (True, "True"), ("one", "'one'")])
+def test_profile_steps_refuses_less_than_1_bools_and_non_integers(raw, shown):
+    refused(f"profile_steps must be an integer >= 1. Received: profile_steps={shown}", profile_steps=raw)
+
+
+@pytest.mark.parametrize("name", ["split", "drop_slower_plan"])
+@pytest.mark.parametrize("raw, value", [
+    (True, True), (False, False), (1, True), (0, False), ("1", True), ("0", False), ("TRUE", True), (" no ", False),
+    ("yes", True), ("on", True), ("Off", False),
+])
+def test_a_yes_no_setting_takes_a_bool_or_its_words(name, raw, value):
+    assert getattr(Options.build(DEVICES, **{name: raw}), name) is value
+
+
+@pytest.mark.parametrize("name", ["split", "drop_slower_plan"])
+@pytest.mark.parametrize("raw, shown", [("maybe", "'maybe'"), (2, "2"), ("", "''"), ("auto", "'auto'")])
+def test_a_yes_no_setting_refuses_anything_else(name, raw, shown):
+    refused(f"{name} must be a boolean (1/0, true/false, yes/no, on/off). Received: {name}={shown}", **{name: raw})
+
+
+def test_parse_bool_names_what_it_was_given_as():
+    with pytest.raises(KerasflowError) as error:
+        parse_bool("KERASFLOW_SPLIT", "2")
+    assert str(error.value) == ("KERASFLOW_SPLIT must be a boolean (1/0, true/false, yes/no, on/off). "
+                                "Received: KERASFLOW_SPLIT='2'")
+
+
+@pytest.mark.parametrize("name", ["tick_tock", "replicated"])
+@pytest.mark.parametrize("raw, value", [("auto", "auto"), ("on", "on"), ("off", "off"), (" ON ", "on"),
+                                        ("Auto", "auto")])
+def test_a_three_way_setting_takes_auto_on_or_off(name, raw, value):
+    assert getattr(Options.build(DEVICES, **{name: raw}), name) == value
+
+
+@pytest.mark.parametrize("name", ["tick_tock", "replicated"])
+@pytest.mark.parametrize("raw, shown", [
+    # Strings only: True would hide whether "on" (always) or "auto" was meant.
+    (True, "True"), (False, "False"), (1, "1"), (0, "0"),
+    ("yes", "'yes'"), ("true", "'true'"), ("", "''"), ("always", "'always'"),
+])
+def test_a_three_way_setting_refuses_booleans_and_other_words(name, raw, shown):
+    refused(f"{name} must be one of ['auto', 'on', 'off']. Received: {name}={shown}", **{name: raw})
+
+
+@pytest.mark.parametrize("raw, value", [(1e9, 1e9), ("2e9", 2e9), (5, 5.0), ("0.5", 0.5), (None, None)])
+def test_memory_limit_takes_a_positive_number_of_bytes_or_none(raw, value):
+    assert Options.build(DEVICES, memory_limit=raw).memory_limit == value
+
+
+@pytest.mark.parametrize("raw, shown", [
+    (float("inf"), "inf"), (float("nan"), "nan"), ("inf", "'inf'"), ("nan", "'nan'"), (0, "0"), (-1, "-1"),
+    ("x", "'x'"), ([1], "[1]"),
+    # Too large for a float: an overflow, which is a refusal like any other.
+    (10**400, "1" + "0" * 400),
+])
+def test_memory_limit_refuses_infinite_nan_zero_negative_and_non_numbers(raw, shown):
+    refused(f"memory_limit must be a positive number of bytes. Received: memory_limit={shown}", memory_limit=raw)
+
+
+@pytest.mark.parametrize("raw, value", [("auto", "auto"), ("AUTO", "auto"), (None, "auto"), (0, 0), (1, 1), (2, 2),
+                                        ("0", 0), ("1", 1), ("2", 2)])
+def test_verbose_takes_auto_0_1_or_2(raw, value):
+    assert Options.build(DEVICES, verbose=raw).verbose == value
+
+
+@pytest.mark.parametrize("raw, shown", [(3, "3"), (-1, "-1"), ("loud", "'loud'"), (2.0, "2.0")])
+def test_verbose_refuses_anything_else(raw, shown):
+    refused(f"verbose must be 'auto', 0, 1 or 2 (as Keras' verbose). Received: verbose={shown}", verbose=raw)
+
+
+@pytest.mark.parametrize("raw, value", [("error", "error"), ("replan", "replan"), ("REPLAN", "replan")])
+def test_on_mismatch_takes_error_or_replan(raw, value):
+    assert Options.build(DEVICES, on_mismatch=raw).on_mismatch == value
+
+
+@pytest.mark.parametrize("raw, shown", [("ignore", "'ignore'"), (True, "True")])
+def test_on_mismatch_refuses_anything_else(raw, shown):
+    refused(f"on_mismatch must be one of ['error', 'replan']. Received: on_mismatch={shown}", on_mismatch=raw)
+
+
+def test_log_dir_is_kept_as_text():
+    assert Options.build(DEVICES, log_dir=pathlib.Path("/tmp/kf")).log_dir == "/tmp/kf"
+
+
+def test_the_constructor_checks_as_build_does():
+    # dataclasses.replace goes through the constructor: it must not let a bad value in.
+    with pytest.raises(KerasflowError, match=r"^warmup_steps must be an integer >= 2\. Received: warmup_steps=1$"):
+        Options(devices=DEVICES, warmup_steps=1)
+
+
+EVERY_VARIABLE = {
+    "KERASFLOW_WARMUP_STEPS": "5", "KERASFLOW_PROFILE_STEPS": "4", "KERASFLOW_SPLIT": "yes",
+    "KERASFLOW_TICK_TOCK": "ON", "KERASFLOW_REPLICATED": "off", "KERASFLOW_MEMORY_LIMIT": "1e9",
+    "KERASFLOW_LOG_DIR": "/tmp/logs", "KERASFLOW_VERBOSE": "0", "KERASFLOW_ON_MISMATCH": "replan",
+    "KERASFLOW_DROP_SLOWER_PLAN": "false",
+}
+
+
+def test_environment_variables_fill_the_settings_left_at_none(monkeypatch):
+    for variable, text in EVERY_VARIABLE.items():
+        monkeypatch.setenv(variable, text)
+    from_variables = dict(warmup_steps=5, profile_steps=4, split=True, tick_tock="on", replicated="off",
+                          memory_limit=1e9, log_dir="/tmp/logs", verbose=0, on_mismatch="replan",
+                          drop_slower_plan=False)
+    # Left out, or passed as None: the same.
+    assert Options.build(DEVICES) == Options(devices=DEVICES, **from_variables)
+    assert Options.build(DEVICES, warmup_steps=None, split=None) == Options(devices=DEVICES, **from_variables)
+
+
+def test_a_given_argument_wins_over_its_environment_variable(monkeypatch):
+    for variable, text in EVERY_VARIABLE.items():
+        monkeypatch.setenv(variable, text)
+    given = dict(warmup_steps=3, profile_steps=2, split=False, tick_tock="off", replicated="on", memory_limit=2e9,
+                 log_dir="/tmp/mine", verbose=2, on_mismatch="error", drop_slower_plan=True)
+    assert Options.build(DEVICES, **given) == Options(devices=DEVICES, **given)
+
+
+def test_a_variable_is_not_even_read_when_its_argument_is_given(monkeypatch):
+    # A bad variable behind a given argument is no error: it is not the value used.
+    monkeypatch.setenv("KERASFLOW_WARMUP_STEPS", "x")
+    monkeypatch.setenv("KERASFLOW_REPLICATED", "true")
+    options = Options.build(DEVICES, warmup_steps=4, replicated="on")
+    assert (options.warmup_steps, options.replicated) == (4, "on")
+
+
+def test_an_empty_variable_counts_as_unset(monkeypatch):
+    monkeypatch.setenv("KERASFLOW_WARMUP_STEPS", "")
+    monkeypatch.setenv("KERASFLOW_MEMORY_LIMIT", "")
+    options = Options.build(DEVICES)
+    assert (options.warmup_steps, options.memory_limit) == (2, None)
+
+
+def test_only_build_reads_the_variables(monkeypatch):
+    monkeypatch.setenv("KERASFLOW_WARMUP_STEPS", "5")
+    assert Options(devices=DEVICES).warmup_steps == 2
+
+
+@pytest.mark.parametrize("variable, text, message", [
+    ("KERASFLOW_WARMUP_STEPS", "1", "KERASFLOW_WARMUP_STEPS must be an integer >= 2. "
+                                    "Received: KERASFLOW_WARMUP_STEPS='1'"),
+    ("KERASFLOW_REPLICATED", "true", "KERASFLOW_REPLICATED must be one of ['auto', 'on', 'off']. "
+                                     "Received: KERASFLOW_REPLICATED='true'"),
+    ("KERASFLOW_MEMORY_LIMIT", "inf", "KERASFLOW_MEMORY_LIMIT must be a positive number of bytes. "
+                                      "Received: KERASFLOW_MEMORY_LIMIT='inf'"),
+    ("KERASFLOW_VERBOSE", "3", "KERASFLOW_VERBOSE must be 'auto', 0, 1 or 2 (as Keras' verbose). "
+                               "Received: KERASFLOW_VERBOSE='3'"),
+])
+def test_a_bad_variable_is_an_error_naming_the_variable(monkeypatch, variable, text, message):
+    # The user set no argument: the error points at where the value came from.
+    monkeypatch.setenv(variable, text)
+    refused(message)
+
+
+def test_an_unknown_setting_is_refused():
+    refused("Unknown kerasflow setting(s) ['warmup']. Received: warmup=3", warmup=3)
+    # Every unknown one is named, the first (in order) shown with its value.
+    refused("Unknown kerasflow setting(s) ['alpha', 'zeta']. Received: alpha=2", zeta=1, alpha=2)
+
+
+def test_cluster_and_plan_are_passed_through():
+    plan = Plan(placement={}, algorithm="given")
+    options = Options.build(DEVICES, plan=plan)
+    assert options.plan is plan and options.cluster is None
+
+
+def test_the_options_are_frozen():
+    options = Options.build(DEVICES)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.split = True
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.warmup_steps = 9
+    assert options.split is False and options.warmup_steps == 2
+
+
+def test_replace_keeps_every_other_value():
+    options = Options.build(DEVICES, warmup_steps=3, split="yes", tick_tock="on", memory_limit="1e9", verbose=1,
+                            on_mismatch="replan", log_dir="/tmp/kf", drop_slower_plan=False)
+    changed = dataclasses.replace(options, warmup_steps=5)
+    assert changed == Options(devices=DEVICES, warmup_steps=5, split=True, tick_tock="on", memory_limit=1e9, verbose=1,
+                              on_mismatch="replan", log_dir="/tmp/kf", drop_slower_plan=False)
+    assert options.warmup_steps == 3  # the original is untouched
+    # A replaced value is checked like any other.
+    with pytest.raises(KerasflowError, match=r"Received: replicated=True$"):
+        dataclasses.replace(options, replicated=True)
