@@ -20,7 +20,7 @@ __all__ = [
     "model_of_step_function", "compute_loss", "finish_step", "can_move_variables", "is_batch_normalization",
     "can_read_weights_per_copy",
     "weights_read_here", "override", "overridden", "is_movable", "backing_variable", "set_backing_variable",
-    "forget_traced_functions", "on_fit_end",
+    "forget_traced_functions", "on_fit_end", "loss_trackers_counting",
 ]
 
 try:  # tf-keras is optional (the `legacy` extra)
@@ -262,6 +262,24 @@ def compute_loss(model: Any, x, y, prediction, sample_weight):
     if flavor(model) == "keras3":
         return model._compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True)
     return model.compute_loss(x, y, prediction, sample_weight)
+
+
+@contextlib.contextmanager
+def loss_trackers_counting(model: Any, share):
+    """While inside (at trace time), the compiled loss' per-output trackers count an update Keras
+    3 would count as one (a batch of unknown static size) as ``share`` of one: a wave or a
+    replica computes the loss of ``share`` of the batch, and the shares of one step must count as
+    plain Keras counts the step, once, or the per-output means over ``fit`` are weighted by the
+    number of parts. tf-keras weighs each update by its dynamic batch size already.
+    """
+    compile_loss = getattr(model, "_compile_loss", None) if flavor(model) == "keras3" else None
+    trackers = [metric for metric in (getattr(compile_loss, "metrics", None) or []) if metric is not None]
+    with contextlib.ExitStack() as stack:
+        for tracker in trackers:
+            def counting(values, sample_weight=None, own=tracker.update_state):
+                return own(values, sample_weight=share if sample_weight is None else sample_weight)
+            stack.enter_context(overridden(tracker, "update_state", counting))
+        yield
 
 
 def loss_for_gradients(model: Any, loss):

@@ -48,8 +48,8 @@ from kerasflow.strategies.trial import Trial
 
 __all__ = ["Driver", "Phase"]
 
-_FIX = ("If this persists, report it with the model's code, or plan offline with kerasflow.profiling."
-        "profile_model and kerasflow.plan and pass plan=.")
+_FIX = "If this persists, report it with the model's code, or plan offline with kerasflow.profiling.profile_model " \
+       "and kerasflow.plan and pass plan=."
 
 
 class Phase(enum.Enum):
@@ -139,18 +139,18 @@ class Driver:
 
     def after_step(self) -> None:
         """After each call of the train function: plans, applies, reads back, judges."""
-        stage = "planning"
+        stage = "profiling"
         try:
             if self.profiled is not None:
                 self.profiled.leave()
             stage = "reading the placement back"
             if self.in_force and self.placement.after_step(self.in_force_parts.applier):
                 self.trial.start_timing()
-            stage = "planning"
             if self.phase is Phase.WARMING_UP and self.options.plan is not None and self.inputs.traced:
                 stage = "applying the given plan"
                 self._apply_given()
             elif self.phase is Phase.PROFILING and self.profiled.steps == self.options.profile_steps:
+                stage = "planning"
                 plan, trial = self._plan()
                 stage = "rebuilding the step with the plan"
                 self._switch(plan, trial)
@@ -166,7 +166,6 @@ class Driver:
     def end_fit(self) -> None:
         """``fit`` ended: a plan still being timed is judged on what was measured, or dropped."""
         if self.phase is Phase.TRIAL:
-            self.placement.armed = False
             self._settle(final=True)
 
     # ------------------------------------------------------------------ planning
@@ -201,16 +200,16 @@ class Driver:
         function rebuilt, Keras' test and predict functions forgotten; ``trial`` times it."""
         self.retreat = self.retreat or Retreat(self.model, self.own_step, self.options.devices, self.creating)
         self.reporter.replicas_change_the_math(plan, self.graph)
-        self.plan, self.trial, self.in_force_parts = plan, trial, None
+        self.plan, self.trial, self.in_force_parts = plan, trial, None  # the old parts are void from here
         self.in_force_parts = InForce.put(self.model, plan, self.graph, self.options.devices, self.creating)
         self._go(Phase.TRIAL)
-        self._install()
         self.rebuild()
         _compat.forget_traced_functions(self.model)
         self.placement.arm()
 
     def _settle(self, final: bool = False) -> None:
         """Judges the timed plan: kept, replaced by the runner-up, or dropped."""
+        self.placement.armed = False  # fit may end before a plan's first step was read back
         if self.trial.failure is not None:
             self.reporter.warn(f"kerasflow: timing the default placement beside the plan failed "
                                f"({describe(self.trial.failure)}); the plan stays in force.")
@@ -248,7 +247,8 @@ class Driver:
         return _compat.overridden(self.model, "train_step", self.own_step)
 
     def rebuild(self) -> None:
-        """Retraces the train function with the plan; every call of it is guarded (``GuardedTrainFunction``)."""
+        """Installs the plan-applying step and retraces the train function (``GuardedTrainFunction``)."""
+        self._install()
         self.model.make_train_function(force=True)
         _compat.override(self.model, "train_function", GuardedTrainFunction(self.model.train_function, self))
 
@@ -284,7 +284,6 @@ class Driver:
             self.retreat = self.retreat or Retreat(self.model, self.own_step, self.options.devices, self.creating)
             self.retreat.go(trial)
 
-    # ------------------------------------------------------------------ what users read
     @property
     def in_force(self) -> bool:
         """True while the plan runs (being timed or settled)."""

@@ -284,7 +284,8 @@ class PlannedStep:
             with scope, tf.control_dependencies(barrier):
                 with tf.GradientTape() as tape:
                     prediction = model(xw, training=True)
-                    loss = _compat.compute_loss(model, xw, yw, prediction, sw)
+                    with _compat.loss_trackers_counting(model, share):
+                        loss = _compat.compute_loss(model, xw, yw, prediction, sw)
                     scaled = tf.cast(loss, tf.float32) * share
                     for_gradients = _compat.loss_for_gradients(model, scaled)
                 gradients = tape.gradient(for_gradients, variables)

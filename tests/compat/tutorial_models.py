@@ -32,6 +32,10 @@ class Pattern:
     h5_file: bool = True  # ... and through a legacy .h5 file (lookup layers' tables are not restored)
     callable: bool = True  # it has call(), so evaluate and predict work
     callback_route: bool = True  # also trained through the FastT callback in the test suite
+    # Plain Keras itself is not reproducible past rounding over a few epochs: reordering one
+    # batch's rows (the same math) moves MobileNetV2's loss 5 % by its second epoch and 12 % by
+    # its sixth (2026-12-03), so a longer run is compared with it over the first epoch only.
+    amplifies_rounding: bool = False
 
 
 def _rng():
@@ -559,7 +563,7 @@ PATTERNS = [
             "keras.applications MobileNetV2, BatchNormalization, DepthwiseConv2D",
             # Weights round trip only, and no callback route in the suite: its .keras and .h5
             # reloads and a second profile of its step would add most of a minute to it.
-            keras_file=False, callback_route=False),
+            keras_file=False, callback_route=False, amplifies_rounding=True),
     Pattern("gru_padded", gru_classifier, padded_sequences, {},
             "padded_batch (unknown batch and length), Embedding mask_zero, GRU"),
     Pattern("conv1d_weighted", conv1d_classifier, weighted_text_data, {"batch_size": 32},
