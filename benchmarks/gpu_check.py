@@ -99,7 +99,9 @@ def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
         first_planned = strategy.options.warmup_steps + strategy.options.profile_steps
         steady = durations[first_planned + 3:]
         result["predicted"] = strategy.plan.predicted_step_time if strategy.plan_in_force else None
-        result["algorithm"] = strategy.plan.algorithm if strategy.plan_in_force else "default (fell back)"
+        dropped = "plan_dropped" in strategy.report  # measured slower (or fit ended first): no failure
+        result["algorithm"] = strategy.plan.algorithm if strategy.plan_in_force else (
+            "default (dropped as slower)" if dropped else "default (fell back)")
     else:
         steady = durations[5:]
     result["step"] = float(np.median(steady))
