@@ -208,7 +208,7 @@ class Driver:
         self.placement.arm()
 
     def _settle(self, final: bool = False) -> None:
-        """Judges the timed plan: kept, replaced by the runner-up, or dropped."""
+        """Judges the timed plan (``final``: fit ended, its last step counted): kept, replaced or dropped."""
         self.placement.armed = False  # fit may end before a plan's first step was read back
         if self.trial.failure is not None:
             self.reporter.warn(f"kerasflow: timing the default placement beside the plan failed "
@@ -218,7 +218,7 @@ class Driver:
             return
         verdict, measured = self.trial.judge(self.plan, final=final)
         if measured["measured_step_time"] is not None:
-            self.reporter.record_measured(self.report, self.plan, self.graph, step=self.step, **measured)
+            self.reporter.record_measured(self.report, self.plan, self.graph, step=self.step - final, **measured)
             if self.options.log_dir:
                 self.reporter.write_scalars(self.options.log_dir, self.step, self.plan, self.graph, planning_cluster(self.options),
                                             measured["measured_step_time"])
