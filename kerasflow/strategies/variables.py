@@ -121,13 +121,7 @@ class HomeVariables:
     @contextlib.contextmanager
     def at_home(self):
         """While inside, every moved variable is its home variable, given the planned value."""
-        moved = [(variable, planned, home) for variable, home in self._homes
-                 if (planned := _compat.backing_variable(variable)) is not home]
-        for variable, planned, home in moved:
-            home.assign(planned)
-            _compat.set_backing_variable(variable, home)
-        if moved:
-            _compat.reindex_optimizers(self.model)
+        moved = self.come_home()
         try:
             yield
         finally:
@@ -137,9 +131,10 @@ class HomeVariables:
             if moved:
                 _compat.reindex_optimizers(self.model)
 
-    def come_home(self) -> None:
-        """For good: every moved variable is its home variable again, given the current value
-        (a train function traced inside ``at_home`` then runs on the model as it is)."""
+    def come_home(self) -> list:
+        """Every moved variable is its home variable again, given the current value (for good, or
+        until ``at_home`` puts the planned ones back); a train function traced at home then runs
+        on the model as it is. Returns ``(variable, planned, home)`` for each one moved."""
         moved = [(variable, current, home) for variable, home in self._homes
                  if (current := _compat.backing_variable(variable)) is not home]
         for variable, current, home in moved:
@@ -147,3 +142,4 @@ class HomeVariables:
             _compat.set_backing_variable(variable, home)
         if moved:
             _compat.reindex_optimizers(self.model)
+        return moved
