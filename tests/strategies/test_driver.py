@@ -29,11 +29,11 @@ def kerasflow_warnings(caught):
     return [str(w.message) for w in caught if str(w.message).startswith("kerasflow:")]
 
 
-def fit_mlp_under_fastt():
+def fit_mlp_under_fastt(**door):
     """(strategy, losses, kerasflow's warnings) of the MLP trained one epoch under FastTStrategy
-    (its plan kept even where it measures slower than the default placement)."""
+    (its plan kept even where it measures slower than the default placement), with ``door``'s options."""
     x, y = mlp_data()
-    strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False)
+    strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False, **door)
     with strategy.scope():
         keras.utils.set_random_seed(7)
         model = models.mlp(keras, dropout=False)
@@ -92,17 +92,8 @@ def heft_only(graph, cluster, **kwargs):
 def fit_mlp_failing_from(count: int, failures: int | None):
     """(strategy, losses, kerasflow's warnings) of the MLP trained one epoch on a HEFT plan whose
     steps fail from its ``count``-th on, ``failures`` of them (None: every one)."""
-    x, y = mlp_data()
     watch = kerasflow.strategies.ScriptedStopwatch({"heft": 1e-3}, fail_from=("heft", count), failures=failures)
-    strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False,
-                                       collaborators=Collaborators(planner=heft_only, stopwatch=watch))
-    with strategy.scope():
-        keras.utils.set_random_seed(7)
-        model = models.mlp(keras, dropout=False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        losses = fit(model, x, y)
-    return strategy, losses, kerasflow_warnings(caught)
+    return fit_mlp_under_fastt(collaborators=Collaborators(planner=heft_only, stopwatch=watch))
 
 
 def test_a_planned_step_that_keeps_failing_goes_back_to_the_default_placement():
