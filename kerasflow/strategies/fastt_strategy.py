@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import weakref
 from typing import Any
 
 import tensorflow as tf
@@ -21,6 +22,8 @@ from kerasflow.strategies.options import Options
 from kerasflow.strategies.plan_report import PlanReport
 
 __all__ = ["FastTStrategy"]
+
+_DRIVER = "_kerasflow_driver"  # where a model trained under the strategy keeps its driver
 
 
 class _FastTExtended(one_device_strategy.OneDeviceExtended):
@@ -193,7 +196,11 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
                           "kerasflow.devices.virtual_cpus(4) or use a machine with several GPUs.", stacklevel=2)
         extended = _FastTExtended(self, devices[0])
         tf.distribute.Strategy.__init__(self, extended)
-        self._drivers: list[Driver] = []  # one per model trained under this strategy, newest last
+        # The models trained under this strategy, newest last, each keeping its own driver. Held
+        # weakly: TensorFlow's gradient registry keeps every replica context a traced step used,
+        # and with it this strategy, for the life of the process, so a model held here (or a
+        # driver, which holds its model) would never be freed.
+        self._trained: list[weakref.ref] = []
 
     @contextlib.contextmanager
     def scope(self):
@@ -243,10 +250,16 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         driver = self._driver_of()
         return driver.report if driver is not None else PlanReport()
 
+    def _models(self) -> list:
+        """The models trained under this strategy that are still alive and driven, newest last."""
+        models = [ref() for ref in self._trained]
+        return [model for model in models if model is not None and model.__dict__.get(_DRIVER)]
+
     def _driver_of(self, model=None) -> Driver | None:
+        drivers = [model.__dict__[_DRIVER] for model in self._models()]
         if model is None:
-            return self._drivers[-1] if self._drivers else None
-        return next((d for d in self._drivers if d.model is model), None)
+            return drivers[-1] if drivers else None
+        return next((d for d in drivers if d.model is model), None)
 
     def plan_for(self, model=None) -> Plan | None:
         """The plan of ``model`` (default: the model trained last), None until it is computed."""
@@ -287,9 +300,10 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             raise KerasflowError(f"The plan uses device(s) {unknown} that this strategy does not have "
                                  f"({self._options.devices}). Replan for these devices.")
         self._options = dataclasses.replace(self._options, plan=plan)
-        for driver in self._drivers:
-            driver.detach()
-        self._drivers.clear()
+        for model in self._models():
+            model.__dict__[_DRIVER].detach()
+            _compat.override(model, _DRIVER, None)
+        self._trained.clear()
 
     def placement_report(self, model=None):
         """Ops of ``model`` (default: the model trained last) that did not land where the plan put
@@ -322,7 +336,8 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         driver = self._driver_of(model)
         if driver is None:
             driver = Driver(self._options, collaborators=self._collaborators, creating=self.extended.creating_on)
-            self._drivers.append(driver)
+            _compat.override(model, _DRIVER, driver)
+            self._trained = [ref for ref in self._trained if ref() is not None] + [weakref.ref(model)]
             try:
                 driver.attach(model, verbose=_compat.fit_verbosity())
                 _wrap_train_function(model, driver)
@@ -331,7 +346,6 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             except Exception as error:  # noqa: BLE001 - never lose the user's training
                 driver.fail("attaching", error)
                 return fn
-            driver.step = 1  # this first call of the train function is step 0
         # Keras 3 passes the bound train_step it looked up before the driver installed its
         # own (on every trace of that train function: TensorFlow traces twice when the first
         # trace creates variables); tf-keras passes a closure that looks model.train_step up.
@@ -339,19 +353,37 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
 
 
 def _wrap_train_function(model, driver: Driver) -> None:
-    """Drives the loop from each call of the model's train function (re-wrapped after rebuilds)."""
+    """Drives the loop from each call of the model's train function (re-wrapped after rebuilds).
+
+    The driver is made while step 0 traces, inside Keras' own train function, so step 0 ends
+    before any wrapper can see it: the first wrapped call ends it first (as the callback's
+    ``on_train_batch_end`` does), then runs on what that put in force (a plan given up front is
+    applied from step 1 through both doors).
+    """
+    step_zero_ended = False
+
+    def drive_the_new_one() -> None:
+        if not getattr(model.train_function, "_kerasflow_driven", False):  # rebuilt
+            _compat.override(model, "train_function", wrap(model.train_function))
+
     def wrap(function):
         if getattr(function, "_kerasflow_driven", False):
             return function
 
         def driven(iterator):
+            nonlocal step_zero_ended
+            if not step_zero_ended:
+                step_zero_ended = True
+                driver.after_step()
+                if model.train_function is not driven:
+                    drive_the_new_one()
+                    return model.train_function(iterator)
             driver.before_step()
             try:
                 return function(iterator)
             finally:
                 driver.after_step()
-                if not getattr(model.train_function, "_kerasflow_driven", False):  # rebuilt: drive the new one
-                    _compat.override(model, "train_function", wrap(model.train_function))
+                drive_the_new_one()
 
         driven._kerasflow_driven = True
         return driven
