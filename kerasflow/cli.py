@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 from kerasflow.planner import Cluster, KerasflowError, OpGraph, Plan, baselines, simulate, step_time_bound, synthetic
-from kerasflow.planner._jsonio import check_writable
+from kerasflow.planner._jsonio import MAX_MAGNITUDE, check_writable
 from kerasflow.planner.planning import TICK_TOCK_MODES, candidate_plans, plan as make_plan
 from kerasflow.planner.report import format_bytes, format_table
 from kerasflow.planner.hardware import DEVICE_SPECS
@@ -22,10 +22,11 @@ __all__ = ["main", "comparison_rows", "label", "with_estimates"]
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
-    except ValueError:
+    except ValueError:  # not a whole number, or one of more than 4300 digits
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1. Received: {text!r}")
+    if not 1 <= value <= MAX_MAGNITUDE:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, at most {MAX_MAGNITUDE:g}. "
+                                         f"Received: {text!r:.80}")
     return value
 
 
@@ -34,8 +35,9 @@ def _positive_bytes(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive, finite number of bytes. Received: {text!r}")
+    if not 0 < value <= MAX_MAGNITUDE:
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of bytes, at most {MAX_MAGNITUDE:g}. "
+                                         f"Received: {text!r:.80}")
     return value
 
 
@@ -282,7 +284,7 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("profile", nargs="?", help="a profile (OpGraph) JSON file")
         sub.add_argument("--synthetic", choices=sorted(synthetic.FAMILIES),
                          help="use a built-in synthetic graph instead of a profile")
-        sub.add_argument("--cluster", required=True, help="a preset name (see `kerasflow clusters`) or a cluster JSON file")
+        sub.add_argument("--cluster", required=True, help="a preset name (see `kerasflow clusters`) or a cluster file (.json or .json.gz)")
         sub.add_argument("--batch-size", type=_positive_int, default=None,
                          help="the batch to predict (default: the profile's)")
         sub.add_argument("--trace", help="write a Chrome-trace timeline to this file")

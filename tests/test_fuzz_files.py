@@ -2,8 +2,10 @@
 
 The only outcomes allowed: success, or one ``KerasflowError`` (from a loader) / exit status 2
 with one line (from the command) — never another exception, a traceback or a half-written file.
+Each file is written plain or gzip-compressed, and may hold numbers past float's range.
 """
 
+import gzip
 import json
 import os
 
@@ -24,7 +26,7 @@ LOADERS = {"profile": OpGraph.load, "plan": Plan.load, "cluster": Cluster.load}
 
 ANY_JSON = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-10 ** 30, max_value=10 ** 30) | st.floats(allow_nan=False)
-    | st.text(max_size=8),
+    | st.sampled_from([10 ** 400, -10 ** 400, 1e308, 1e-308, 1e19]) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=6)
 
@@ -78,12 +80,18 @@ def mutated(draw, kind):
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "30")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+def _write(folder, name, payload, packed):
+    """Writes ``payload`` as ``name.json``, or gzip-compressed as ``name.json.gz``; returns the path."""
+    path = folder / (f"{name}.json.gz" if packed else f"{name}.json")
+    path.write_bytes(gzip.compress(payload) if packed else payload)
+    return path
+
+
 @pytest.mark.parametrize("kind", sorted(VALID))
 @FUZZ
 @given(data=st.data())
 def test_every_loader_succeeds_or_raises_one_kerasflow_error(kind, data, tmp_path):
-    path = tmp_path / f"{kind}.json"
-    path.write_bytes(data.draw(mutated(kind)))
+    path = _write(tmp_path, kind, data.draw(mutated(kind)), data.draw(st.booleans()))
     try:
         LOADERS[kind](path)
     except KerasflowError as error:
@@ -105,8 +113,7 @@ def test_every_subcommand_succeeds_or_exits_2_with_one_line(kind, data, tmp_path
     folder = tmp_path_factory.mktemp("fuzz")
     GRAPH.save(folder / "profile.json")
     Plan.from_dict(VALID["plan"]).save(folder / "plan.json")
-    bad = folder / f"bad_{kind}.json"
-    bad.write_bytes(data.draw(mutated(kind)))
+    bad = _write(folder, f"bad_{kind}", data.draw(mutated(kind)), data.draw(st.booleans()))
     argv = data.draw(st.sampled_from(COMMANDS[kind]))
     before = sorted(os.listdir(folder))
     capsys.readouterr()

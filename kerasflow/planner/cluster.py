@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import Any, Iterable, Mapping, NamedTuple
 
@@ -19,13 +18,9 @@ _CLUSTER_KIND = "kerasflow.Cluster"
 MAX_TESTBED_DEVICES = 1024
 
 
-def _positive(value: Any, what: str, *, zero_ok: bool = False) -> float:
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and math.isfinite(value) and (value >= 0 if zero_ok else value > 0))
-    if not ok:
-        bound = "non-negative" if zero_ok else "positive"
-        raise InvalidClusterError(f"{what} must be a finite {bound} number; received {value!r}.")
-    return float(value)
+def _figure(value: Any, field: str, where: str, kind: str) -> float:
+    return float(_jsonio.check_number(value, field, InvalidClusterError, where=where, kind=kind,
+                                      fix="fix the cluster's figures"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,18 +56,18 @@ class Device:
             raise InvalidClusterError(f"A device needs a non-empty name; received {self.name!r}.")
         if not isinstance(self.kind, str) or not self.kind:
             raise InvalidClusterError(f"device {self.name!r}: 'kind' must be a non-empty string.")
-        memory = _positive(self.memory, f"device {self.name!r}: field 'memory'")
-        object.__setattr__(self, "memory", int(memory))
-        object.__setattr__(self, "speed", _positive(self.speed, f"device {self.name!r}: field 'speed'"))
+        where = f"device {self.name!r}: "
+        object.__setattr__(self, "memory", int(_figure(self.memory, "memory", where, "positive")))
+        object.__setattr__(self, "speed", _figure(self.speed, "speed", where, "factor"))
         if isinstance(self.host, bool) or not isinstance(self.host, int) or self.host < 0:
             raise InvalidClusterError(f"device {self.name!r}: 'host' must be an integer >= 0.")
         spec = DEVICE_SPECS.get(self.kind)
         if not self.memory_bandwidth:
             object.__setattr__(self, "memory_bandwidth", spec.memory_bandwidth if spec else 100 * GB)
-        _positive(self.memory_bandwidth, f"device {self.name!r}: field 'memory_bandwidth'")
+        _figure(self.memory_bandwidth, "memory_bandwidth", where, "divisor")
         if self.launch_overhead < 0:
             object.__setattr__(self, "launch_overhead", spec.launch_overhead if spec else 5e-6)
-        _positive(self.launch_overhead, f"device {self.name!r}: field 'launch_overhead'", zero_ok=True)
+        _figure(self.launch_overhead, "launch_overhead", where, "non-negative")
 
     def copy_seconds(self, read_bytes: float, write_bytes: float) -> float:
         """Seconds a local copy kernel takes to read ``read_bytes`` and write ``write_bytes``
@@ -106,7 +101,8 @@ def _check_link(link: Any, what: str) -> Link:
         link = (link.get("latency"), link.get("bandwidth"))
     if not isinstance(link, (tuple, list)) or len(link) != 2:
         raise InvalidClusterError(f"{what} must be (latency seconds, bandwidth bytes/s); received {link!r}.")
-    return Link(_positive(link[0], f"{what} latency", zero_ok=True), _positive(link[1], f"{what} bandwidth"))
+    return Link(_figure(link[0], "latency", f"{what}: ", "non-negative"),
+                _figure(link[1], "bandwidth", f"{what}: ", "divisor"))
 
 
 # Link figures used by the presets (one direction):
@@ -376,15 +372,15 @@ class Cluster:
 
     @classmethod
     def resolve(cls, spec: "Cluster | str") -> "Cluster":
-        """A ``Cluster`` from itself, a preset name, or a path to a cluster JSON file."""
+        """A ``Cluster`` from itself, a preset name, or a path to a cluster file (``.json`` or ``.json.gz``)."""
         if isinstance(spec, Cluster):
             return spec
         if isinstance(spec, str) and (spec in _PRESETS or spec.startswith("cpu-testbed:")):
             return cls.preset(spec)
-        if isinstance(spec, str) and spec.endswith(".json"):
+        if isinstance(spec, str) and spec.endswith(_jsonio.SUFFIXES):
             return cls.load(spec)
         raise InvalidClusterError(
-            f"Expected a Cluster, a preset name or a .json path; received {spec!r}. "
+            f"Expected a Cluster, a preset name or a .json path (or .json.gz); received {spec!r}. "
             f"Presets: {cls.presets()}."
         )
 

@@ -51,18 +51,20 @@ class Affine(NamedTuple):
         return self.per_sample != 0.0
 
     @classmethod
-    def of(cls, value: Any, *, what: str = "value") -> "Affine":
+    def of(cls, value: Any, *, what: str = "value", where: str = "") -> "Affine":
         """Builds an ``Affine`` from a number, a ``(fixed, per_sample)`` pair or a mapping.
 
         Args:
             value: ``3.0``, ``(1.0, 0.5)``, ``{"fixed": 1.0, "per_sample": 0.5}`` or an Affine.
-            what: how the value is named in the error message.
+            what: the field's name in the error message, e.g. ``"cost['V100']"``.
+            where: what holds the field, for the message, e.g. ``"op 'a': "``.
 
         Returns:
             The ``Affine``.
 
         Raises:
-            InvalidGraphError: the value is not a finite, non-negative number or pair.
+            InvalidGraphError: the value is not a number or pair, each part non-negative and
+                at most 1e18 (``_jsonio.MAX_MAGNITUDE``).
         """
         if isinstance(value, Affine):
             fixed, per_sample = value
@@ -74,16 +76,12 @@ class Affine(NamedTuple):
             fixed, per_sample = value, 0.0
         else:
             raise InvalidGraphError(
-                f"{what} must be a number or a [fixed, per_sample] pair; received {value!r}."
+                f"{where}field '{what}' must be a number or a [fixed, per_sample] pair; "
+                f"received {_jsonio.shown(value)}."
             )
         for part in (fixed, per_sample):
-            if isinstance(part, bool) or not isinstance(part, (int, float)):
-                raise InvalidGraphError(f"{what} must hold numbers; received {value!r}.")
-            if not math.isfinite(part) or part < 0:
-                raise InvalidGraphError(
-                    f"{what} must be finite and non-negative; received {value!r}. "
-                    "Costs are seconds and sizes are bytes: re-profile or fix the file."
-                )
+            _jsonio.check_number(part, what, InvalidGraphError, where=where, received=value,
+                                 fix="costs are seconds and sizes are bytes: re-profile or fix the file")
         return cls(float(fixed), float(per_sample))
 
 
@@ -151,7 +149,7 @@ class Op:
                 f"{where}: field 'cost' must map device kinds to seconds; received {self.cost!r}."
             )
         cost = {
-            str(kind): Affine.of(value, what=f"{where}: field 'cost[{kind!r}]'")
+            str(kind): Affine.of(value, what=f"cost[{kind!r}]", where=f"{where}: ")
             for kind, value in sorted(self.cost.items())
         }
         object.__setattr__(self, "cost", _FrozenDict(cost))
@@ -163,21 +161,15 @@ class Op:
                 f"received {self.output_bytes!r}."
             )
         outputs = tuple(
-            Affine.of(value, what=f"{where}: field 'output_bytes[{i}]'")
+            Affine.of(value, what=f"output_bytes[{i}]", where=f"{where}: ")
             for i, value in enumerate(self.output_bytes)
         )
         object.__setattr__(self, "output_bytes", outputs)
         for field in ("temp_bytes", "flops", "bytes_accessed"):
-            value = Affine.of(getattr(self, field), what=f"{where}: field {field!r}")
+            value = Affine.of(getattr(self, field), what=field, where=f"{where}: ")
             object.__setattr__(self, field, value)
-        persistent = self.persistent_bytes
-        if isinstance(persistent, bool) or not isinstance(persistent, (int, float)) or not (
-            math.isfinite(persistent) and persistent >= 0
-        ):
-            raise InvalidGraphError(
-                f"{where}: field 'persistent_bytes' must be a non-negative number; "
-                f"received {persistent!r}."
-            )
+        persistent = _jsonio.check_number(self.persistent_bytes, "persistent_bytes", InvalidGraphError,
+                                          where=f"{where}: ", fix="weights are bytes: re-profile or fix the file")
         object.__setattr__(self, "persistent_bytes", int(persistent))
         if self.batch_axis is not None and (
             isinstance(self.batch_axis, bool) or not isinstance(self.batch_axis, int)
@@ -366,15 +358,15 @@ class OpGraph:
                     )
             if edge.output is not None and not 0 <= edge.output < len(by_name[edge.src].output_bytes):
                 raise InvalidGraphError(
-                    f"edge {edge.src!r} -> {edge.dst!r} reads output {edge.output} but op "
+                    f"edge {edge.src!r} -> {edge.dst!r} reads output {_jsonio.shown(edge.output)} but op "
                     f"{edge.src!r} has {len(by_name[edge.src].output_bytes)} output(s); "
                     "use output=None for a control edge."
                 )
             if edge.src == edge.dst:
                 raise InvalidGraphError(f"edge {edge.src!r} -> {edge.dst!r} is a self-loop.")
             checked.append(edge)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidGraphError(f"batch_size must be a positive integer; received {batch_size!r}.")
+        _jsonio.check_number(batch_size, "batch_size", InvalidGraphError, kind="count",
+                             fix="give the batch the costs were measured at")
         self._ops = ops
         self._edges = tuple(checked)
         self._by_name = by_name

@@ -18,6 +18,11 @@ WAVE_OFFSETS = ("forward", "none")
 MAX_WAVES = 64
 
 
+def _predicted(value: Any, field: str) -> None:
+    _jsonio.check_number(value, field, InvalidPlanError, where="Plan ", kind="derived",
+                         fix="seconds and bytes the simulator predicted: replan, or fix the file")
+
+
 def _version() -> str:
     from .._version import __version__
 
@@ -90,16 +95,16 @@ class Waves:
                     f"received {dict(m)!r}.")
         object.__setattr__(self, "stage_maps", maps)
         if any(isinstance(f, bool) or not isinstance(f, (int, float)) for f in self.fractions):
-            raise InvalidPlanError(f"waves.fractions must be numbers; received {list(self.fractions)!r:.120}.")
-        fractions = tuple(float(f) for f in self.fractions)
-        if fractions:
-            if len(fractions) != self.count:
+            raise InvalidPlanError(f"waves.fractions must be numbers; received {_jsonio.shown(list(self.fractions))}.")
+        if self.fractions:
+            if len(self.fractions) != self.count:
                 raise InvalidPlanError(
-                    f"waves.fractions has {len(fractions)} entries for {self.count} waves.")
-            if any(not (f > 0) for f in fractions) or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
+                    f"waves.fractions has {len(self.fractions)} entries for {self.count} waves.")
+            # Compared before float(), which an integer past float's range would overflow.
+            if any(not 0 < f <= 1 for f in self.fractions) or not math.isclose(sum(self.fractions), 1.0, abs_tol=1e-6):
                 raise InvalidPlanError(
-                    f"waves.fractions must be positive and sum to 1; received {list(fractions)}.")
-        object.__setattr__(self, "fractions", fractions)
+                    f"waves.fractions must be positive and sum to 1; received {_jsonio.shown(list(self.fractions))}.")
+        object.__setattr__(self, "fractions", tuple(float(f) for f in self.fractions))
 
     def fraction(self, wave: int) -> float:
         """The share of the batch wave ``wave`` takes."""
@@ -221,9 +226,10 @@ class Plan:
                     shard = Shard(*shard)
                 if not isinstance(shard, Shard) or not isinstance(shard.device, str):
                     raise InvalidPlanError(f"splits[{layer!r}] holds {shard!r:.80}; expected Shard(device, fraction).")
-                if isinstance(shard.fraction, bool) or not isinstance(shard.fraction, (int, float)) or not shard.fraction > 0:
-                    raise InvalidPlanError(
-                        f"splits[{layer!r}]: every shard needs a fraction > 0; received {shard.fraction!r}.")
+                fraction = shard.fraction
+                if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+                    raise InvalidPlanError(f"splits[{layer!r}]: every shard needs a fraction > 0 and <= 1; "
+                                           f"received {_jsonio.shown(fraction)}.")
                 built.append(Shard(shard.device, float(shard.fraction)))
             if len(built) < 2:
                 raise InvalidPlanError(f"splits[{layer!r}] needs at least 2 shards; received {len(built)}.")
@@ -235,24 +241,20 @@ class Plan:
         object.__setattr__(self, "splits", _Frozen(splits))
         for field in ("predicted_peak_memory", "candidates"):
             values = getattr(self, field)
-            if any(not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float))
-                   or not math.isfinite(v) for k, v in values.items()):
-                raise InvalidPlanError(f"Plan field {field!r} must map names to finite numbers; received "
-                                       f"{dict(values)!r:.120}.")
+            for key, value in values.items():
+                if not isinstance(key, str):
+                    raise InvalidPlanError(f"Plan field {field!r} must map names to numbers; received key {key!r:.80}.")
+                _predicted(value, f"{field}[{key!r}]")
             object.__setattr__(self, field, _Frozen(values))
-        step = self.predicted_step_time
-        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float))
-                                 or not math.isfinite(step) or step < 0):
-            raise InvalidPlanError(f"Plan field 'predicted_step_time' must be a finite number of seconds or null; "
-                                   f"received {step!r}.")
+        if self.predicted_step_time is not None:
+            _predicted(self.predicted_step_time, "predicted_step_time")
         if self.data_parallel is not None and (self.placement or self.splits):
             raise InvalidPlanError(
                 "A data-parallel plan runs the whole graph on every device: leave placement and "
                 "splits empty.")
-        if self.batch_size is not None and (
-            isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1
-        ):
-            raise InvalidPlanError(f"batch_size must be a positive integer; received {self.batch_size!r}.")
+        if self.batch_size is not None:
+            _jsonio.check_number(self.batch_size, "batch_size", InvalidPlanError, where="Plan ", kind="count",
+                                 fix="give the batch planned for, or null for the graph's")
 
     # ------------------------------------------------------------------ queries
     @property

@@ -22,6 +22,7 @@ from typing import Callable
 
 from .._progress import progress_bar
 from . import baselines
+from ._jsonio import check_number
 from .cluster import Cluster
 from .cpop import cpop
 from .errors import InsufficientMemoryError, InvalidPlanError
@@ -88,6 +89,8 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
     if unknown:
         raise InvalidPlanError(f"Unknown candidate(s) {unknown}; choose from {list(CANDIDATES)}.")
     waves_wanted = _waves_wanted(graph, tick_tock)
+    if batch_size is not None:
+        check_number(batch_size, "batch_size", InvalidPlanError, kind="count", fix="pass the batch to plan for")
     batch = batch_size or graph.batch_size
     budgets = memory_budgets(cluster, memory_limit, memory_headroom)
     options = {"batch_size": batch, "memory_limit": memory_limit, "memory_headroom": memory_headroom}

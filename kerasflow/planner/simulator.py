@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ._jsonio import check_number
 from .cluster import Cluster
 from .errors import SimulationError
 from .graph import OpGraph
@@ -178,6 +179,8 @@ def simulate(graph: OpGraph, cluster: Cluster, plan: Plan, *, batch: float | Non
     """
     # The run allocates millions of small tuples but creates no reference cycles; pausing
     # the cyclic garbage collector meanwhile saves its repeated scans of the whole heap.
+    if batch is not None:
+        check_number(batch, "batch", SimulationError, kind="positive", fix="pass the batch to price")
     collecting = gc.isenabled()
     gc.disable()
     try:
