@@ -64,12 +64,24 @@ class Lockstep:
     def run(self, functions: list[Callable[[], Any]]) -> list:
         """Calls ``functions[r]`` in replica ``r``'s thread, in lockstep; returns their results.
 
+        A lockstep runs once, then lets go of ``on_turn`` and the values exchanged: the gradient
+        functions traced inside it keep it, and TensorFlow's gradient registry keeps those for
+        the life of the process (``on_turn`` would keep the model).
+
         Raises:
             The first exception any replica raised (the others stop at their next turn).
         """
         if len(functions) != self.count:
             raise KerasflowError(f"Lockstep runs one function per replica. Received: {len(functions)} functions "
                                  f"for {self.count} replicas.")
+        if self._on_turn is None:
+            raise KerasflowError("A Lockstep runs once. Make a new one for each trace.")
+        try:
+            return self._run(functions)
+        finally:
+            self._on_turn, self._deposits, self._results = None, {}, {}
+
+    def _run(self, functions: list[Callable[[], Any]]) -> list:
         graph = tf.compat.v1.get_default_graph()
         state = {field: getattr(graph, field) for field in _THREAD_STATE}
         scope = graph.get_name_scope()
