@@ -1,0 +1,42 @@
+"""Consecutive fits through both doors leave nothing behind: no thread, no model, no profiler session, no file.
+
+The short version of ``benchmarks/soak.py`` (which also compares resident memory with plain Keras
+over 30 fits and 50 epochs): four fits through both doors, one with its plan forced slower
+(dropped) and one with a planner that fails (a fallback), then a planned fit of two epochs.
+"""
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import soak  # noqa: E402
+
+
+def test_the_schedule_takes_every_path_through_both_doors():
+    fits = soak.schedule(4, with_kerasflow=True)
+    assert {door for _, door, _ in fits} == {"strategy", "callback"}
+    assert {forced for _, _, forced in fits} == {None, "slower", "failing"}
+    assert {kind for kind, _, _ in fits} == {"mlp", "bn_cnn", "gru"}
+    assert {door for _, door, forced in soak.schedule(4, with_kerasflow=False)} == {None}
+
+
+def test_four_fits_and_a_planned_one_leave_nothing_behind():
+    left = soak.soak(fits=4, epochs=2, with_kerasflow=True)
+    assert left.threads_left == []
+    assert left.models_alive == []
+    assert left.profiler == "free"
+    assert left.temp_left == []
+    assert len(left.rss_mb) == 4 + 2
+    # The forced paths were taken: one plan dropped, one planner failure fell back.
+    assert any("slower than the default placement" in line for line in left.warned), left.warned
+    assert any("a planner failure forced by the soak" in line for line in left.warned), left.warned
+
+
+@pytest.mark.xfail(strict=True, reason="issue 33: a GRU trained under a plan is not freed (the root that keeps it "
+                                       "is held outside Python's garbage collector; not yet found)")
+def test_a_planned_gru_is_freed():
+    assert soak.fit_once("gru", "strategy")() is None
