@@ -160,7 +160,7 @@ def soak(fits: int, epochs: int, with_kerasflow: bool) -> Leftovers:
 
     threads_before = set(threading.enumerate())
     temp_before = set(os.listdir(tempfile.gettempdir()))
-    memory, models, warned = [], [], []
+    memory, models = [], []
 
     class EpochMemory(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
