@@ -5,7 +5,7 @@ in alternation ``--rounds`` times; per setup the median over rounds of the media
 state step time, its ratio to the better of ``default`` and ``mirrored`` and, as the load of a
 shared machine moves between processes, the median over rounds of each round's own ratio:
 
-- ``default``: TensorFlow's default threading, one device (``OneDeviceStrategy("/CPU:0")``);
+- ``default``: TensorFlow's default threading, one device (plain Keras: the default strategy);
 - ``default_testbed_threads``: the default placement (no strategy) in a process with the
   threading of the setups below: what a FastT setup that drops its plan goes back to;
 - ``mirrored``: 2 logical CPUs, 1 intra-op thread each, 2 inter-op threads, ``MirroredStrategy``;
@@ -67,7 +67,7 @@ def worker(setup: str, model_name: str, steps: int) -> dict:
     from profile_zoo import build
 
     if setup.startswith("default"):
-        strategy = tf.distribute.OneDeviceStrategy("/CPU:0")
+        strategy = tf.distribute.get_strategy()
     elif setup == "mirrored":
         strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
     else:

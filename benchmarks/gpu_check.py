@@ -79,7 +79,7 @@ def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
     import kerasflow
 
     if setup == "default":
-        strategy = tf.distribute.OneDeviceStrategy(names[0])
+        strategy = tf.distribute.get_strategy()  # plain Keras: TensorFlow places the step on the first device
     elif setup == "mirrored":
         strategy = tf.distribute.MirroredStrategy(names)
     else:

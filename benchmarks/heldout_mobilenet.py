@@ -2,7 +2,7 @@
 
 ``keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10)``,
 SGD(0.01), sparse categorical cross-entropy, batch 32, ``shuffle=False``, on 4 logical CPUs. Three
-runs from the same seed and data: plain Keras (``OneDeviceStrategy``); plain Keras again with
+runs from the same seed and data: plain Keras (the default strategy); plain Keras again with
 the rows of one batch in another order (``--control-batch``, by default the first planned one:
 the same math, summed in another order); ``FastTStrategy()`` in its default configuration. For
 each step the table gives the step's loss in each run and the relative difference of kerasflow's,
@@ -78,8 +78,8 @@ def main(argv=None) -> int:
     parser.add_argument("--control-batch", type=int, default=5, help="the batch whose rows the control reorders")
     args = parser.parse_args(argv)
     tf.config.set_soft_device_placement(False)
-    plain = run(tf.distribute.OneDeviceStrategy("/CPU:0"), args.steps)
-    control = run(tf.distribute.OneDeviceStrategy("/CPU:0"), args.steps, args.control_batch)
+    plain = run(tf.distribute.get_strategy(), args.steps)
+    control = run(tf.distribute.get_strategy(), args.steps, args.control_batch)
     strategy = kerasflow.FastTStrategy(verbose=0)
     started = time.perf_counter()
     planned = run(strategy, args.steps)

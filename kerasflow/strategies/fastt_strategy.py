@@ -53,6 +53,18 @@ class _FastTExtended(one_device_strategy.OneDeviceExtended):
         fn = self._container_strategy()._intercept(fn, args)
         return super()._call_for_each_replica(fn, args, kwargs)
 
+    # Datasets are iterated as under TensorFlow's default strategy (plain dataset iterators on
+    # the host), never through OneDeviceStrategy's OwnedMultiDeviceIterator: Keras 3 drops the
+    # iterator an epoch iterator made at the end of the last epoch (EpochIterator.reset), and
+    # dropping one of those while it prefetches crashes the process at random (a segmentation
+    # fault with TensorFlow and Keras alone: docs/troubleshooting.md). One replica gains
+    # nothing from that iterator's prefetch to its device: the plan places the step's ops.
+    def _experimental_distribute_dataset(self, dataset, options):
+        return dataset
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        return dataset_fn(tf.distribute.InputContext())
+
 
 class FastTStrategy(tf.distribute.OneDeviceStrategy):
     """Trains a Keras model with a FastT plan over several devices, planned inside ``fit``.

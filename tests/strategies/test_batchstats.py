@@ -57,7 +57,7 @@ def moving_statistics(model):
 
 @pytest.fixture(scope="module")
 def one_device():
-    return trained(tf.distribute.OneDeviceStrategy("/CPU:0"))
+    return trained(tf.distribute.get_strategy())
 
 
 def data_parallel(synchronized):

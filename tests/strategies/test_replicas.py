@@ -81,7 +81,7 @@ def test_a_ring_of_unknown_length_cuts_its_chunks_when_it_runs():
 
 
 def test_a_data_parallel_plan_trains_as_one_device_does_with_a_partial_last_batch():
-    _, expected = history_under(tf.distribute.OneDeviceStrategy("/CPU:0"))
+    _, expected = history_under(tf.distribute.get_strategy())
     strategy = kerasflow.FastTStrategy(devices=DEVICES, plan=data_parallel_plan(), verbose=0)
     model, history = history_under(strategy)
     np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
@@ -96,7 +96,7 @@ def test_a_data_parallel_plan_trains_as_one_device_does_with_a_partial_last_batc
 
 def test_a_learning_rate_a_callback_sets_reaches_every_copy():
     schedule = keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate * 0.1 if epoch else rate)
-    _, expected = history_under(tf.distribute.OneDeviceStrategy("/CPU:0"), callbacks=[schedule])
+    _, expected = history_under(tf.distribute.get_strategy(), callbacks=[schedule])
     strategy = kerasflow.FastTStrategy(devices=DEVICES, plan=data_parallel_plan(), verbose=0)
     _, history = history_under(strategy, callbacks=[schedule])
     np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
@@ -123,7 +123,7 @@ def test_refresh_gives_every_copy_and_optimizer_clone_the_models_own_values():
 
 
 def test_tick_tock_data_parallelism_runs_two_waves_per_replica_with_the_same_losses():
-    _, expected = history_under(tf.distribute.OneDeviceStrategy("/CPU:0"), epochs=2)
+    _, expected = history_under(tf.distribute.get_strategy(), epochs=2)
     strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0)
     model, _ = history_under(strategy, epochs=1)
     plan = ticktock.tick_tock_data_parallel(strategy.profile, strategy.cluster, batch=BATCH)
@@ -135,7 +135,7 @@ def test_tick_tock_data_parallelism_runs_two_waves_per_replica_with_the_same_los
 
 
 def test_the_callback_runs_a_data_parallel_plan_too():
-    _, expected = history_under(tf.distribute.OneDeviceStrategy("/CPU:0"), epochs=1)
+    _, expected = history_under(tf.distribute.get_strategy(), epochs=1)
     keras.utils.set_random_seed(5)
     model = classifier()
     callback = kerasflow.callbacks.FastT(devices=DEVICES[:2], plan=data_parallel_plan(DEVICES[:2]), verbose=0)
@@ -272,7 +272,7 @@ def test_mixed_precision_scales_each_replicas_loss_as_keras_does():
 
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        expected = losses(tf.distribute.OneDeviceStrategy("/CPU:0"))
+        expected = losses(tf.distribute.get_strategy())
         strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], plan=data_parallel_plan(DEVICES[:2]), verbose=0)
         history = losses(strategy)
     finally:
