@@ -13,7 +13,7 @@ through ``kerasflow.strategies.Collaborators``; every step still runs.
 The table gives resident memory after warm-up (``--warmup`` fits: each model through each door),
 after the last fit, after the long fit's fifth epoch and after its last, and the growth of each
 phase; then what is left: threads started during the loop and still running, models not freed,
-whether a profiler session can still start, and new entries in the temporary directory. It exits
+whether a profiler session can still start, and what is left in the loop's own temporary directory. It exits
 1 when kerasflow's growth over either phase exceeds plain Keras' by more than
 ``--margin`` percentage points or anything is left behind.
 
@@ -24,10 +24,12 @@ whether a profiler session can still start, and new entries in the temporary dir
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,7 +55,8 @@ class Leftovers:
         models_alive: the fits (kind, door, forced verdict) whose model is still reachable after the
             loop (each was let go).
         profiler: "free" when a profiler session starts and stops after the loop, else the error.
-        temp_left: entries the loop added to the temporary directory.
+        temp_left: entries left in the loop's own temporary directory (``tempfile`` points there
+            during the loop).
         warned: kerasflow's warnings, one line each.
     """
 
@@ -153,20 +156,31 @@ def schedule(fits: int, with_kerasflow: bool) -> list:
     return plan
 
 
+@contextlib.contextmanager
+def own_temporary_directory():
+    """Points ``tempfile`` at a new directory for the block, and yields it: whatever kerasflow
+    makes there is the loop's own, while other processes (parallel test workers) use the system's."""
+    shared, tempfile.tempdir = tempfile.tempdir, tempfile.mkdtemp(prefix="kerasflow_soak_")
+    try:
+        yield tempfile.tempdir
+    finally:
+        own, tempfile.tempdir = tempfile.tempdir, shared
+        shutil.rmtree(own, ignore_errors=True)
+
+
 def soak(fits: int, epochs: int, with_kerasflow: bool) -> Leftovers:
     """Runs the loop in this process (TensorFlow configured with several devices) and returns what it left."""
     import keras
     import tensorflow as tf
 
     threads_before = set(threading.enumerate())
-    temp_before = set(os.listdir(tempfile.gettempdir()))
     memory, models = [], []
 
     class EpochMemory(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             memory.append(rss_mb())
 
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, own_temporary_directory() as temp:
         warnings.simplefilter("always")
         for fit in schedule(fits, with_kerasflow):
             models.append((fit, fit_once(*fit)))
@@ -175,6 +189,7 @@ def soak(fits: int, epochs: int, with_kerasflow: bool) -> Leftovers:
         long_door = "strategy" if with_kerasflow else None
         long_fit = ("mlp", long_door, "faster" if with_kerasflow else None)
         models.append((long_fit, fit_once(*long_fit, epochs, [EpochMemory()])))
+        temp_left = sorted(os.listdir(temp))
     warned = [str(w.message).splitlines()[0] for w in caught if str(w.message).startswith("kerasflow:")]
     keras.backend.clear_session()
     gc.collect()
@@ -189,7 +204,7 @@ def soak(fits: int, epochs: int, with_kerasflow: bool) -> Leftovers:
         rss_mb=memory, fits=fits,
         threads_left=sorted(t.name for t in set(threading.enumerate()) - threads_before if t.is_alive()),
         models_alive=["/".join(map(str, fit)) for fit, ref in models if ref() is not None], profiler=profiler,
-        temp_left=sorted(set(os.listdir(tempfile.gettempdir())) - temp_before), warned=warned)
+        temp_left=temp_left, warned=warned)
 
 
 def growth(before: float, after: float) -> float:

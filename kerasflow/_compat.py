@@ -20,7 +20,7 @@ __all__ = [
     "model_of_step_function", "compute_loss", "finish_step", "can_move_variables", "is_batch_normalization",
     "can_read_weights_per_copy",
     "weights_read_here", "override", "overridden", "is_movable", "backing_variable", "set_backing_variable",
-    "forget_traced_functions", "on_fit_end", "loss_trackers_counting",
+    "forget_traced_functions", "on_fit_end", "loss_trackers_counting", "custom_gradients_forgotten",
 ]
 
 try:  # tf-keras is optional (the `legacy` extra)
@@ -226,6 +226,37 @@ def run_step(model: Any, data: Any):
 
     step._kerasflow_internal = True  # FastTStrategy must not take this for the user's fit
     return strategy.run(step, args=(data,))
+
+
+@contextlib.contextmanager
+def custom_gradients_forgotten():
+    """Unregisters, when the block ends, the custom gradients TensorFlow registered inside it.
+
+    Each ``tf.custom_gradient`` traced into a graph (Keras' losses and GRU use them, and so does
+    the optimizer's update) registers a gradient function under a new name in TensorFlow's
+    global registry, which keeps it, and the whole graph it closes over, for the life of the
+    process: megabytes a trace of a small model. Use this around a trace whose gradients are
+    taken inside it (a training step, whose tape runs at trace time); never around a function
+    differentiated after it was traced, which needs its gradient functions then.
+
+    Example:
+        >>> from tensorflow.python.framework import ops
+        >>> registered = len(ops._gradient_registry._registry)
+        >>> with custom_gradients_forgotten():
+        ...     _ = tf.function(tf.recompute_grad(tf.square)).get_concrete_function(tf.TensorSpec([], tf.float32))
+        >>> len(ops._gradient_registry._registry) == registered
+        True
+    """
+    from tensorflow.python.framework import ops
+
+    registry = ops._gradient_registry._registry  # the one TensorFlow keeps them in
+    before = set(registry)
+    try:
+        yield
+    finally:
+        for name in set(registry) - before:
+            if name.startswith("CustomGradient-"):  # tf.custom_gradient's names; never a registered op type
+                del registry[name]
 
 
 def has_own_train_step(model: Any) -> bool:

@@ -170,7 +170,7 @@ def capture_step(model, batch) -> CapturedStep:
         A ``CapturedStep`` whose ``function`` runs the traced step on such a batch.
     """
     spec = batch_spec(batch)
-    with contextlib.ExitStack() as patches:
+    with contextlib.ExitStack() as patches, _compat.custom_gradients_forgotten():
         records = _layer_ranges(model, patches)
         function = tf.function(lambda data: _compat.run_step(model, data), autograph=False)
         concrete = function.get_concrete_function(spec)

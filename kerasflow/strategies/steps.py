@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -168,6 +169,30 @@ def _with_weights_read_here(original: Callable, reads: Callable[[], Any]) -> Cal
     return call
 
 
+class _DeviceInsideFunctions:
+    """The device function of a planned trace: the step's own ops keep theirs (the applier
+    places them once the step is traced); an op inside a loop's or a branch's body, which the
+    applier never sees, gets its planned device now (a device function, unlike a device name,
+    reaches into the bodies TensorFlow builds, the gradient loops of tape.gradient included),
+    unless a device scope already gave it one.
+
+    Every graph made inside the trace copies the device stack, and TensorFlow keeps some of those
+    graphs for the life of the process (a ``tf.custom_gradient`` registers its gradient function,
+    which holds the graph it was traced in, in a global registry). So this holds only the applier
+    (the plan's tables, no model) and the step's graph weakly: a bound method of the step kept
+    every model trained under a plan alive.
+    """
+
+    def __init__(self, step_graph, applier: PlanApplier):
+        self._step_graph = weakref.ref(step_graph)
+        self._applier = applier
+
+    def __call__(self, op) -> str:
+        if op.device or op.graph is self._step_graph():
+            return op.device
+        return self._applier.device_inside_loop(op.name) or ""
+
+
 class PlannedStep:
     """A ``train_step`` that applies a plan at trace time (see the module docstring).
 
@@ -197,6 +222,10 @@ class PlannedStep:
         self.__name__ = "train_step"
 
     def __call__(self, data):
+        with _compat.custom_gradients_forgotten():  # the step's gradients are taken inside its trace
+            return self._step(data)
+
+    def _step(self, data):
         if self.on_trace is not None:
             self.on_trace(data)
         if self.applier is None or tf.executing_eagerly():
@@ -209,7 +238,7 @@ class PlannedStep:
         with contextlib.ExitStack() as patches:
             if not self.custom_step:
                 self._patch_layers(plan, patches)
-            with graph.device(functools.partial(self._device_inside_functions, graph)):
+            with graph.device(_DeviceInsideFunctions(graph, self.applier)):
                 if plan.data_parallel is not None:
                     outputs = self._replicated(data)
                 elif plan.waves is not None and plan.waves.count > 1 and not self.custom_step:
@@ -241,16 +270,6 @@ class PlannedStep:
             call = (split_call(layer.call, plan.splits[layer_name], chains, reads) if layer_name in plan.splits
                     else _with_weights_read_here(layer.call, reads))
             patches.enter_context(_compat.overridden(layer, "call", call))
-
-    def _device_inside_functions(self, step_graph, op) -> str:
-        """The device of an op made at trace time: the step's own ops keep theirs (the applier
-        places them once the step is traced); an op inside a loop's or a branch's body, which
-        the applier never sees, gets its planned device now (a device function, unlike a device
-        name, reaches into the bodies TensorFlow builds, the gradient loops of tape.gradient
-        included), unless a device scope already gave it one."""
-        if op.device or op.graph is step_graph:
-            return op.device
-        return self.applier.device_inside_loop(op.name) or ""
 
     def _waves(self, data):
         """One step as micro-batches whose scaled gradients are summed before one update."""

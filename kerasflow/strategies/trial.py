@@ -96,7 +96,8 @@ class Trial:
                     self.model.make_train_function(force=True)  # Keras takes the train_step it sees now
                     self.default_function = self.model.train_function
                     _compat.override(self.model, "train_function", kept)
-                return self.stopwatch(lambda: self.default_function(iterator), None)
+                with _compat.custom_gradients_forgotten():  # its first call traces Keras' step
+                    return self.stopwatch(lambda: self.default_function(iterator), None)
         finally:  # the model's own variables hold the step's values again: the replicas take them
             if replicas is not None:
                 replicas.refresh()
