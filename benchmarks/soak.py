@@ -17,7 +17,7 @@ whether a profiler session can still start, and what is left in the loop's own t
 1 when kerasflow's growth over either phase exceeds plain Keras' by more than
 ``--margin`` percentage points or anything is left behind.
 
-    python benchmarks/soak.py                          # 30 fits and 50 epochs (about 8 minutes on 2 cores)
+    python benchmarks/soak.py                          # 30 fits and 50 epochs (about 4 minutes on 2 cores)
     python benchmarks/soak.py --fits 12 --epochs 10
 """
 

@@ -241,9 +241,12 @@ def custom_gradients_forgotten():
 
     Example:
         >>> from tensorflow.python.framework import ops
+        >>> @tf.custom_gradient
+        ... def clipped(x):
+        ...     return tf.identity(x), lambda dy: tf.clip_by_value(dy, -1.0, 1.0)
         >>> registered = len(ops._gradient_registry._registry)
         >>> with custom_gradients_forgotten():
-        ...     _ = tf.function(tf.recompute_grad(tf.square)).get_concrete_function(tf.TensorSpec([], tf.float32))
+        ...     _ = tf.function(clipped).get_concrete_function(tf.TensorSpec([], tf.float32))
         >>> len(ops._gradient_registry._registry) == registered
         True
     """

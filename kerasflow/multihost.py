@@ -268,8 +268,8 @@ def connect(cluster_resolver=None, *, timeout: float = DEFAULT_CONNECT_TIMEOUT) 
 class TaskWatch:
     """Ends this process with one line saying why when TensorFlow waits on a task that is gone.
 
-    TensorFlow's remote calls have no deadline: when a worker dies between two steps, the
-    chief's next call (Keras' epoch iterator syncs every task's executor) waits for it forever.
+    TensorFlow's remote calls have no deadline: when a worker stops answering without closing
+    its connections (stopped, or its host gone), the chief's next call waits for it forever.
     A daemon thread checks every other task every ``period`` seconds (it must answer as a gRPC
     server). When one has not answered for ``patience`` seconds while this process's main
     thread has stayed in one TensorFlow call all that time, the watch prints which task and

@@ -61,6 +61,7 @@ def main(out: str, checkpoint_dir: str) -> None:
 def stop_a_worker_mid_fit(out: str, pid: int, signal_name: str, when: str) -> None:
     import signal
     import time
+    import traceback
 
     import keras
     import numpy as np
@@ -94,7 +95,7 @@ def stop_a_worker_mid_fit(out: str, pid: int, signal_name: str, when: str) -> No
     try:
         model.fit(x, y, batch_size=32, epochs=20, verbose=0, callbacks=[StopTheWorker()])
     except Exception as error:  # noqa: BLE001 - what fit raised is the result
-        result = {"raised": type(error).__name__, "message": str(error)}
+        result = {"raised": type(error).__name__, "message": str(error), "traceback": traceback.format_exc()}
     result["seconds"] = time.monotonic() - stopped["at"] if "at" in stopped else None
     with open(out, "w") as handle:
         json.dump(result, handle)

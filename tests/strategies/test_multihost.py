@@ -242,23 +242,20 @@ def stop_a_worker_during_fit(tmp_path, signal_name, when):
             process.wait()
 
 
-def test_a_worker_killed_mid_epoch_ends_fit_with_one_clear_error_within_seconds(tmp_path):
-    run, result, _, address = stop_a_worker_during_fit(tmp_path, "SIGKILL", "mid-epoch")
+@pytest.mark.parametrize("when", ["mid-epoch", "between-epochs"])
+def test_a_worker_killed_during_fit_ends_it_with_one_clear_error_within_seconds(tmp_path, when):
+    run, result, _, address = stop_a_worker_during_fit(tmp_path, "SIGKILL", when)
     assert run.returncode == 0, run.stderr[-4000:]
     # Its variables went with it: the fit cannot go on, and says which task and what to do.
-    assert result["raised"] == "ClusterConnectionError", result
+    assert result["raised"] == "ClusterConnectionError", result.get("traceback", result)
     assert f"/job:worker/replica:0/task:1 at {address} stopped answering during fit" in result["message"]
     assert "resume from your last checkpoint" in result["message"]
     assert result["seconds"] < 30
 
 
-@pytest.mark.parametrize("signal_name, when", [
-    ("SIGKILL", "between-epochs"),  # Keras' next epoch iterator syncs every task's executor
-    ("SIGSTOP", "mid-epoch"),  # the next step waits for tensors from a process that answers nothing
-])
-def test_a_worker_lost_where_tensorflow_would_wait_forever_ends_the_chief_with_one_line(tmp_path, signal_name,
-                                                                                        when):
-    run, result, ended, address = stop_a_worker_during_fit(tmp_path, signal_name, when)
+def test_a_worker_lost_where_tensorflow_would_wait_forever_ends_the_chief_with_one_line(tmp_path):
+    # A stopped worker answers nothing: the next step waits for its tensors, for good.
+    run, result, ended, address = stop_a_worker_during_fit(tmp_path, "SIGSTOP", "mid-epoch")
     assert run.returncode == kerasflow.multihost.TaskWatch.EXIT_CODE, run.stderr[-4000:]
     assert f"kerasflow: task worker:1 at {address} stopped answering" in run.stderr
     assert "resume from your last checkpoint" in run.stderr
