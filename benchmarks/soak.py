@@ -13,9 +13,9 @@ through ``kerasflow.strategies.Collaborators``; every step still runs.
 The table gives resident memory after warm-up (``--warmup`` fits: each model through each door),
 after the last fit, after the long fit's fifth epoch and after its last, and the growth of each
 phase; then what is left: threads started during the loop and still running, models not freed,
-whether a profiler session can still start, and what is left in the loop's own temporary directory. It exits
-1 when kerasflow's growth over either phase exceeds plain Keras' by more than
-``--margin`` percentage points or anything is left behind.
+whether a profiler session can still start, and what is left in the loop's own temporary
+directory. It exits 1 when kerasflow's growth over either phase exceeds plain Keras' by more
+than ``--margin`` percentage points or anything is left behind.
 
     python benchmarks/soak.py                          # 30 fits and 50 epochs (about 4 minutes on 2 cores)
     python benchmarks/soak.py --fits 12 --epochs 10

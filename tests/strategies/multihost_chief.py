@@ -66,8 +66,18 @@ def stop_a_worker_mid_fit(out: str, pid: int, signal_name: str, when: str) -> No
     import keras
     import numpy as np
 
+    from kerasflow.planner import baselines
+    from kerasflow.strategies import Collaborators
+
+    def a_layer_on_every_device(graph, cluster, **settings):
+        # The planner's own choice rides on loopback's noise, and may leave the stopped worker
+        # idle (its loss then shows only in Keras' sync at the end of the epoch, as TensorFlow's
+        # own error): a layer on every device gives the stopped worker variables the next step needs.
+        return [baselines.with_prediction(baselines.layerwise_model_parallel(graph, cluster), graph, cluster)]
+
     strategy = kerasflow.FastTStrategy(inter_host_link=(20e-6, 5e9), split=False, tick_tock="off", verbose=0,
-                                       drop_slower_plan=False, connect_timeout=5)
+                                       drop_slower_plan=False, connect_timeout=5,
+                                       collaborators=Collaborators(planner=a_layer_on_every_device))
     with strategy.scope():
         model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
                                   keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
@@ -75,6 +85,8 @@ def stop_a_worker_mid_fit(out: str, pid: int, signal_name: str, when: str) -> No
     stopped = {}
 
     def stop():
+        stopped["variable_tasks"] = sorted({task_of(kerasflow.devices.normalize_device(v.value.device))
+                                            for v in model.trainable_variables})
         os.kill(pid, getattr(signal, signal_name))
         stopped["at"] = time.monotonic()
         with open(out, "w") as handle:  # in case this process does not get to write more
@@ -83,8 +95,8 @@ def stop_a_worker_mid_fit(out: str, pid: int, signal_name: str, when: str) -> No
     class StopTheWorker(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             stopped["planned_steps"] = stopped.get("planned_steps", 0) + strategy.plan_in_force
-            # Mid-epoch: a step follows in the same epoch (a worker lost in an epoch's last step
-            # fails in Keras' sync at the end of the epoch, as TensorFlow's own UnavailableError).
+            # Mid-epoch: a step follows in the same epoch (after an epoch's last step comes
+            # Keras' sync with every task, which fails as TensorFlow's own error).
             last_batch = len(x) // 32 - 1
             if when == "mid-epoch" and stopped["planned_steps"] >= 3 and batch < last_batch and "at" not in stopped:
                 stop()
@@ -100,6 +112,7 @@ def stop_a_worker_mid_fit(out: str, pid: int, signal_name: str, when: str) -> No
     except Exception as error:  # noqa: BLE001 - what fit raised is the result
         result = {"raised": type(error).__name__, "message": str(error), "traceback": traceback.format_exc()}
     result["seconds"] = time.monotonic() - stopped["at"] if "at" in stopped else None
+    result["variable_tasks"] = stopped.get("variable_tasks")
     with open(out, "w") as handle:
         json.dump(result, handle)
 

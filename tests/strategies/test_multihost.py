@@ -246,8 +246,10 @@ def stop_a_worker_during_fit(tmp_path, signal_name, when):
 def test_a_worker_killed_during_fit_ends_it_with_one_clear_error_within_seconds(tmp_path, when):
     run, result, _, address = stop_a_worker_during_fit(tmp_path, "SIGKILL", when)
     assert run.returncode == 0, run.stderr[-4000:]
+    assert "/job:worker/replica:0/task:1" in result["variable_tasks"], result  # the plan put weights there
     # Its variables went with it: the fit cannot go on, and says which task and what to do.
-    assert result["raised"] == "ClusterConnectionError", result.get("traceback", result)
+    said = "\n".join(line for line in run.stderr.splitlines() if "kerasflow:" in line)
+    assert result["raised"] == "ClusterConnectionError", f"{result.get('traceback', result)}\n{said}"
     assert f"/job:worker/replica:0/task:1 at {address} stopped answering during fit" in result["message"]
     assert "resume from your last checkpoint" in result["message"]
     assert result["seconds"] < 30
