@@ -9,6 +9,7 @@ and predictions equal to plain Keras' to 1e-5. On 4 logical CPUs.
 
     python benchmarks/compat_every_plan.py                       # every pattern, both doors, 6 plans each (about 45 minutes on 2 cores)
     python benchmarks/compat_every_plan.py --patterns mnist_convnet --doors callback
+    python benchmarks/compat_every_plan.py --patterns gru_padded --doors strategy --plans 12 --epochs 3
 """
 
 import argparse
@@ -58,20 +59,21 @@ class PlannedFaster(ScriptedStopwatch):
         return step(), 1.0 if plan is None else 1e-3
 
 
-def check(pattern, door: str, rank: int) -> tuple[str | None, int, str]:
-    """(the plan put first, how many candidates there were, "ok" or why the check failed) for one run."""
+def check(pattern, door: str, rank: int, epochs: int = 1) -> tuple[str | None, int, str]:
+    """(the plan put first, how many candidates there were, "ok" or why the check failed) for one
+    run of ``epochs`` epochs."""
     import warnings
 
     rotated, first = with_plan_first(rank)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            _, history, predictions, used = train(pattern, door, collaborators=Collaborators(
+            _, history, predictions, used = train(pattern, door, epochs, collaborators=Collaborators(
                 planner=rotated, stopwatch=PlannedFaster({})))
         said = kerasflow_warnings(caught)
         assert not said, said
         assert used.plan_in_force, used.placement_report().fallback
-        assert_like_plain_keras(history, predictions, plain_keras(pattern.name))
+        assert_like_plain_keras(history, predictions, plain_keras(pattern.name, epochs))
         outcome = "ok"
     except AssertionError as error:
         outcome = "FAILED: " + " ".join(str(error).split())[:160]
@@ -84,6 +86,8 @@ def main(argv=None) -> int:
     parser.add_argument("--patterns", nargs="+", help="pattern names (default: all)")
     parser.add_argument("--doors", nargs="+", choices=("strategy", "callback"), default=("strategy", "callback"))
     parser.add_argument("--plans", type=int, default=6, help="how many of the best-ranked plans to put first")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs of each run (the suite's forced route trains "
+                                                              "up to 3: rounding a plan changes grows with them)")
     args = parser.parse_args(argv)
     routes = [(p, door) for p, door in ROUTES if door in args.doors and (not args.patterns or p.name in args.patterns)]
     if not routes:
@@ -92,7 +96,7 @@ def main(argv=None) -> int:
     runs = failed = 0
     for pattern, door in routes:
         for rank in range(args.plans):
-            plan, candidates, outcome = check(pattern, door, rank)
+            plan, candidates, outcome = check(pattern, door, rank, args.epochs)
             if plan is None:
                 print(f"{pattern.name:28s} {door:9s} {'':4s}  only {candidates} candidates", flush=True)
                 break
