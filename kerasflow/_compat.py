@@ -21,6 +21,7 @@ __all__ = [
     "can_read_weights_per_copy",
     "weights_read_here", "override", "overridden", "is_movable", "backing_variable", "set_backing_variable",
     "forget_traced_functions", "on_fit_end", "loss_trackers_counting", "custom_gradients_forgotten",
+    "registered_custom_gradients",
 ]
 
 try:  # tf-keras is optional (the `legacy` extra)
@@ -252,14 +253,21 @@ def custom_gradients_forgotten():
     """
     from tensorflow.python.framework import ops
 
-    registry = ops._gradient_registry._registry  # the one TensorFlow keeps them in
-    before = set(registry)
+    before = registered_custom_gradients()
     try:
         yield
     finally:
-        for name in set(registry) - before:
-            if name.startswith("CustomGradient-"):  # tf.custom_gradient's names; never a registered op type
-                del registry[name]
+        for name in registered_custom_gradients() - before:
+            del ops._gradient_registry._registry[name]
+
+
+def registered_custom_gradients() -> set[str]:
+    """The names under which TensorFlow's gradient registry now keeps ``tf.custom_gradient``
+    functions (see ``custom_gradients_forgotten``)."""
+    from tensorflow.python.framework import ops
+
+    # tf.custom_gradient's names, never those of a registered op type.
+    return {name for name in ops._gradient_registry._registry if name.startswith("CustomGradient-")}
 
 
 def has_own_train_step(model: Any) -> bool:

@@ -97,7 +97,7 @@ def stop_a_worker_mid_fit(out: str, pid: int, signal_name: str, when: str) -> No
             stopped["planned_steps"] = stopped.get("planned_steps", 0) + strategy.plan_in_force
             # Mid-epoch: a step follows in the same epoch (after an epoch's last step comes
             # Keras' sync with every task, which fails as TensorFlow's own error).
-            last_batch = len(x) // 32 - 1
+            last_batch = self.params["steps"] - 1
             if when == "mid-epoch" and stopped["planned_steps"] >= 3 and batch < last_batch and "at" not in stopped:
                 stop()
 
