@@ -55,7 +55,8 @@ def build_under(strategy, name):
 def test_placement_only_matches_one_device(name):
     x, y = data_for(name)
     strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", verbose=0)
-    loss = fit(build_under(strategy, name), x, y)
+    model = build_under(strategy, name)  # held: the strategy keeps its models' plans only while they live
+    loss = fit(model, x, y)
     assert loss == pytest.approx(baseline(name), rel=1e-5)
     assert strategy.plan is not None, "the plan was never made"
     report = strategy.placement_report()
