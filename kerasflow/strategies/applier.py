@@ -380,7 +380,7 @@ def _would_cycle(ops: list[tf.Operation], extra: list[tuple[tf.Operation, tf.Ope
     """True when adding ``extra`` edges (before -> after) could make the ops' graph cyclic.
 
     ``tf.function`` adds its automatic control dependencies after the step is traced, so
-    they are not among the ops' edges yet; ``_automatic_dependencies`` adds what they will be.
+    they are not among the ops' edges yet; ``automatic_dependencies`` adds what they will be.
     """
     index = {id(op): i for i, op in enumerate(ops)}
     successors: list[list[int]] = [[] for _ in ops]
@@ -395,12 +395,12 @@ def _would_cycle(ops: list[tf.Operation], extra: list[tuple[tf.Operation, tf.Ope
             link(tensor.op, op)
         for control in op.control_inputs:
             link(control, op)
-    for before, after in _automatic_dependencies(ops) + list(extra):
+    for before, after in automatic_dependencies(ops) + list(extra):
         link(before, after)
     return bool(topological_order(successors)[1])
 
 
-def _automatic_dependencies(ops: list[tf.Operation]) -> list[tuple[tf.Operation, tf.Operation]]:
+def automatic_dependencies(ops: list[tf.Operation]) -> list[tuple[tf.Operation, tf.Operation]]:
     """The edges ``tf.function``'s automatic control dependencies add among ``ops`` (or more).
 
     As TensorFlow does, in program order: per resource, a read waits for the last write and a

@@ -201,7 +201,8 @@ class Driver:
         self.retreat = self.retreat or Retreat(self.model, self.own_step, self.options.devices, self.creating)
         self.reporter.replicas_change_the_math(plan, self.graph)
         self.plan, self.trial, self.in_force_parts = plan, trial, None  # the old parts are void from here
-        self.in_force_parts = InForce.put(self.model, plan, self.graph, self.options.devices, self.creating)
+        self.in_force_parts = InForce.put(self.model, plan, self.graph, self.options.devices, self.creating,
+                                           self._unplanned)
         self._go(Phase.TRIAL)
         self.rebuild()
         _compat.forget_traced_functions(self.model)

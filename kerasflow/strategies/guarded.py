@@ -19,6 +19,7 @@ class GuardedTrainFunction:
     the driver's stopwatch runs the plan's. A failure first drops the plan's per-device order
     (the placement stays; TensorFlow may refuse an order), then makes the driver go back to the
     default placement, which runs that same call. A lost cluster task is not the order's doing.
+    The call in which the data runs out does what plain Keras' does (``OutOfData``).
 
     Args:
         planned: the train function Keras traced with the plan-applying step.
@@ -33,10 +34,17 @@ class GuardedTrainFunction:
         if not driver.in_force:
             return driver.run_on_default(iterator)
         parts = driver.in_force_parts
+
+        def planned(iterator):
+            try:
+                return self.planned(iterator)
+            except tf.errors.OutOfRangeError:  # the planned step changed nothing (it waits for the batch)
+                return parts.out_of_data.run(iterator)
+
         try:
             if driver.trial is not None:
-                return driver.trial.run(self.planned, iterator, parts.plan, parts.replicas)
-            return driver.collaborators.stopwatch(lambda: self.planned(iterator), parts.plan)[0]
+                return driver.trial.run(planned, iterator, parts.plan, parts.replicas)
+            return driver.collaborators.stopwatch(lambda: planned(iterator), parts.plan)[0]
         except NOT_OURS:
             raise
         except Exception as error:  # noqa: BLE001 - never lose the user's training

@@ -9,6 +9,7 @@ from kerasflow import _compat
 from kerasflow.planner import OpGraph, Plan
 from kerasflow.planner.errors import KerasflowError
 from kerasflow.strategies.applier import PlanApplier
+from kerasflow.strategies.out_of_data import OutOfData
 from kerasflow.strategies.replicas import Replicas
 from kerasflow.strategies.variables import group_devices, move_variables
 
@@ -17,21 +18,26 @@ __all__ = ["InForce"]
 
 @dataclasses.dataclass(frozen=True)
 class InForce:
-    """The plan in force and what runs it: the applier and, for data parallelism, the replicas.
+    """The plan in force and what runs it: the applier, for data parallelism the replicas, and
+    what does the call in which the data runs out.
 
     Attributes:
         plan: the plan.
         applier: places, orders and splits the traced step as the plan says.
         replicas: the per-device copies of a data-parallel plan (None otherwise).
+        out_of_data: runs the call in which the data runs out (``OutOfData``).
     """
 
     plan: Plan
     applier: PlanApplier
     replicas: Replicas | None
+    out_of_data: OutOfData
 
     @classmethod
-    def put(cls, model, plan: Plan, graph: OpGraph | None, devices, creating: Callable | None) -> "InForce":
-        """Moves ``model``'s variables to the plan's devices and copies them per replica.
+    def put(cls, model, plan: Plan, graph: OpGraph | None, devices, creating: Callable | None,
+            unplanned: Callable) -> "InForce":
+        """Moves ``model``'s variables to the plan's devices and copies them per replica;
+        ``unplanned()`` is a context inside which the model has its own ``train_step``.
 
         Raises:
             KerasflowError: a data-parallel plan for a model with its own ``train_step``.
@@ -45,4 +51,4 @@ class InForce:
         if plan.data_parallel is not None:
             with _compat.strategy_scope(model):
                 replicas = Replicas(model, list(plan.data_parallel.devices), creating=creating)
-        return cls(plan, PlanApplier(plan, graph, list(devices)), replicas)
+        return cls(plan, PlanApplier(plan, graph, list(devices)), replicas, OutOfData(model, unplanned, replicas))
