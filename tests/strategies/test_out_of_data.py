@@ -102,3 +102,36 @@ def test_a_planned_call_on_data_that_ran_out_changes_nothing():
     after = state_of(model)
     for key, value in before.items():
         np.testing.assert_array_equal(after[key], value, err_msg=key)
+
+
+def test_a_custom_train_step_on_data_of_unknown_size_equals_plain_keras():
+    """keras.io's DCGAN (its own train_step, two optimizers, latent noise from a seed generator)."""
+
+    def trained_gan(algorithm: str | None) -> tuple[dict, dict]:
+        paths.fresh()
+        keras.utils.set_random_seed(paths.SEED)
+        data = paths.gan_data()["x"].filter(lambda *_: True)
+        strategy = None
+        if algorithm is None:
+            model = paths.gan()
+        else:
+            strategy = kerasflow.FastTStrategy(**paths.OPTIONS, collaborators=Collaborators(
+                planner=paths.planner(algorithm), stopwatch=ScriptedStopwatch({None: 1.0, algorithm: 1e-3})))
+            with strategy.scope():
+                model = paths.gan()
+                model.built = True  # no call(): Keras cannot build it under a strategy
+        history = model.fit(data, epochs=2, verbose=0)
+        assert strategy is None or strategy.plan_in_force, "the plan was not kept"
+        values = {f"model/{v.path}": np.array(v.numpy()) for v in model.variables}
+        for optimizer in (model.d_optimizer, model.g_optimizer):
+            values.update({f"optimizer/{v.path}": np.array(v.numpy()) for v in optimizer.variables})
+        return values, history.history
+
+    plain_state, plain_history = trained_gan(None)
+    state, history = trained_gan("layerwise_model_parallel")
+    assert int(plain_state["optimizer/g_adam/iteration"]) == 2 * (18 + 1)  # 18 batches, and the call that ran out
+    assert sorted(state) == sorted(plain_state)
+    for key, value in plain_state.items():
+        np.testing.assert_allclose(state[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+    for key, values in plain_history.items():
+        np.testing.assert_allclose(history[key], values, rtol=1e-5, err_msg=key)
