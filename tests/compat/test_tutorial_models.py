@@ -15,8 +15,10 @@ kerasflow twice:
   the text transformer, which have no callback route to keep the suite within its time), with
   the trial's verdict forced (``Collaborators``): the first plan measures slower than the
   default placement, the runner-up is tried and measures slower too, and the plan is dropped.
-  The run is long enough for both timings; the same outputs must equal plain Keras'. The plans
-  tried there keep one device's order of summation (no replicas, no waves): over dozens of steps
+  The run is long enough for both timings; the same outputs must equal plain Keras'. Its plans
+  are made from the profiled step with datasheet costs, so every run tries the same two (with
+  measured costs the machine's load chose them, and a CI run once met a placement no local run
+  reproduced). The plans tried there keep one device's order of summation (no replicas, no waves): over dozens of steps
   a reordered sum drifts past 1e-5 on some of these models (MobileNetV2 by percents: plain Keras
   itself drifts as far when one batch's rows are reordered, ``benchmarks/heldout_mobilenet.py``),
   and the switches, not the plans' arithmetic, are under test. For MobileNetV2 even one
@@ -36,6 +38,7 @@ import tensorflow as tf
 
 import kerasflow
 from kerasflow.planner import ranked_plans
+from kerasflow.planner.costmodel import estimate_costs
 from kerasflow.strategies import Collaborators, ScriptedStopwatch
 from tests.compat.tutorial_models import PATTERNS, Pattern
 
@@ -48,9 +51,11 @@ FORCED_CALLS = 4 + 13 + 14
 
 
 def runners_up_worth_a_try(graph, cluster, **kwargs):
-    """kerasflow's planner, every runner-up predicted a millionth of the first plan's step (so the
-    first's measured slowness, scaled onto plans of its kind, still leaves them worth a try)."""
-    first, *others = ranked_plans(graph, cluster, **kwargs)
+    """kerasflow's planner on the profiled step with datasheet costs (``estimate_costs``), so
+    every run plans the same (measured costs ride on the machine's load, and so would the plans),
+    every runner-up predicted a millionth of the first plan's step (so the first's measured
+    slowness, scaled onto plans of its kind, still leaves them worth a try)."""
+    first, *others = ranked_plans(estimate_costs(graph, cluster.kinds()), cluster, **kwargs)
     return [first] + [dataclasses.replace(p, predicted_step_time=first.predicted_step_time * 1e-6) for p in others]
 
 
