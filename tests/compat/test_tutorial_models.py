@@ -9,8 +9,9 @@ kerasflow twice:
   failure may be warned, and the losses, every validation metric and ``predict()`` must equal
   plain Keras' to 1e-5 relative (MobileNetV2, which turns one rounding into percents within a
   step or two, when a data-parallel plan ran: its loss to plain Keras' own spread, measured with
-  the first planned batch's rows reordered); the model must then keep its course through a second ``fit``,
-  and evaluate, predict, save and load (weights, ``.keras``, legacy ``.h5``) as plain Keras allows.
+  the first planned batch's rows reordered); the model must then keep its course through a
+  second ``fit``, and evaluate, predict, save and load (weights, ``.keras``, legacy ``.h5``) as
+  plain Keras allows.
 - ``forced``: through the ``FastT`` callback (the strategy for the two largest, MobileNetV2 and
   the text transformer, which have no callback route to keep the suite within its time), with
   the trial's verdict forced (``Collaborators``): the first plan measures slower than the
@@ -18,10 +19,11 @@ kerasflow twice:
   The run is long enough for both timings; the same outputs must equal plain Keras'. Its plans
   are made from the profiled step with datasheet costs, so every run tries the same two (with
   measured costs the machine's load chose them, and a CI run once met a placement no local run
-  reproduced). The plans tried there keep one device's order of summation (no replicas, no waves): over dozens of steps
-  a reordered sum drifts past 1e-5 on some of these models (MobileNetV2 by percents: plain Keras
-  itself drifts as far when one batch's rows are reordered, ``benchmarks/heldout_mobilenet.py``),
-  and the switches, not the plans' arithmetic, are under test. For MobileNetV2 even one
+  reproduced). The plans tried there keep one device's order of summation (no replicas, no
+  waves): over dozens of steps a reordered sum drifts past 1e-5 on some of these models
+  (MobileNetV2 by percents: plain Keras itself drifts as far when one batch's rows are
+  reordered, ``benchmarks/heldout_mobilenet.py``), and the switches, not the plans' arithmetic,
+  are under test. For MobileNetV2 even one
   device's placement over several (each its own threads) drifts as far as plain Keras does when
   one batch's rows are reordered, so its longer run is compared over its first epoch.
 """
