@@ -6,7 +6,8 @@ batch, before the failing read of it: the optimizer's iteration count goes up by
 seed generator moves on. A planned step cannot promise the same (whether those ops beat the
 failure depends on where and in what order the plan runs them: an Adam model counted one
 iteration short an epoch on some placements and its losses drifted by 2e-5 over three epochs),
-so the planned step makes them wait for the batch (``PlannedStep``) and this call does them.
+so the planned step makes them wait for the batch (``effects_wait_for_the_batch``, called by
+``PlannedStep``) and this call does them.
 
 Its function reads the next element as an optional and traces the model's own ``train_step`` on
 it; every op of that step with a lasting effect that does not need the batch (nor follows one
@@ -25,11 +26,35 @@ from kerasflow import _compat
 from kerasflow.profiling.capture import last_op_id
 from kerasflow.strategies.applier import automatic_dependencies
 
-__all__ = ["OutOfData", "READS"]
+__all__ = ["OutOfData", "effects_wait_for_the_batch"]
 
 # Stateful ops that change nothing: a step's batch need not wait for them, nor they for it.
-READS = frozenset({"ReadVariableOp", "ResourceGather", "VariableShape", "VarHandleOp", "LookupTableFindV2",
-                   "LookupTableSizeV2"})
+_READS = frozenset({"ReadVariableOp", "ResourceGather", "VariableShape", "VarHandleOp", "LookupTableFindV2",
+                    "LookupTableSizeV2"})
+
+
+def _changes_state(op: tf.Operation) -> bool:
+    """Whether ``op`` has a lasting effect: a variable written, a random state moved on."""
+    return op._is_stateful and op.type not in _READS
+
+
+def effects_wait_for_the_batch(data, ops: list[tf.Operation]) -> None:
+    """Makes every op of ``ops`` (a planned step's) that changes state wait for the batch
+    ``data``, so the call in which the data runs out changes nothing and ``OutOfData`` does
+    what plain Keras' does instead: which of the effects that do not need the batch beat the
+    failing read of it would otherwise depend on where the plan put them. One signal a device,
+    so the batch's arrival crosses to each device once."""
+    graph = tf.compat.v1.get_default_graph()
+    batch = [t.op for t in tf.nest.flatten(data) if isinstance(t, tf.Tensor) and t.graph is graph]
+    if not batch:
+        return
+    arrived: dict[str, tf.Operation] = {}
+    for op in ops:
+        if _changes_state(op):
+            if op.device not in arrived:
+                with tf.device(op.device or None), tf.control_dependencies(batch):
+                    arrived[op.device] = tf.no_op(name="batch_arrived")
+            op._add_control_input(arrived[op.device])
 
 
 class OutOfData:
@@ -82,7 +107,7 @@ class OutOfData:
         taking = tf.nest.flatten(batch)[0].op
         needing = _needing(taking, ops)
         for op in ops:
-            if op._is_stateful and op.type not in READS and op not in needing:
+            if _changes_state(op) and op not in needing:
                 taking._add_control_input(op)
 
 

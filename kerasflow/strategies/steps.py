@@ -38,7 +38,7 @@ from kerasflow.profiling.capture import last_op_id, live_operations
 from kerasflow.strategies.applier import PlanApplier
 from kerasflow.strategies.batchstats import synchronized_layers, whole_batch_statistics
 from kerasflow.strategies.lockstep import Lockstep
-from kerasflow.strategies.out_of_data import READS
+from kerasflow.strategies.out_of_data import effects_wait_for_the_batch
 from kerasflow.strategies.replicas import Replicas, all_reduce_gradients
 from kerasflow.strategies.scopes import (SHARD_INPUTS_SCOPE, SHARD_OUTPUTS_SCOPE, WAVES_SCOPE, replica_scope, shard_scope,
                                          wave_scope)
@@ -253,7 +253,7 @@ class PlannedStep:
             if external.dtype == tf.resource:
                 captures[internal.op.name] = external.device
         self.applier.apply(new_ops, captures)
-        _effects_wait_for_the_batch(data, new_ops)
+        effects_wait_for_the_batch(data, new_ops)
         return outputs
 
     def _patch_layers(self, plan, patches: contextlib.ExitStack) -> None:
@@ -357,25 +357,6 @@ class PlannedStep:
                     own_mean = tf.math.divide_no_nan(tf.add_n(losses) * tf.cast(batch, tf.float32), tf.cast(size, tf.float32))
                 metrics = _compat.finish_step(model, xr, yr, prediction, sr, own_mean, size)
         return metrics
-
-
-def _effects_wait_for_the_batch(data, ops: list[tf.Operation]) -> None:
-    """Every op of the planned step with a lasting effect (a variable written, a random state
-    moved on) waits for the batch, so the call in which the data runs out changes nothing and
-    ``OutOfData`` does what plain Keras' does instead: which of the effects that do not need the
-    batch beat the failing read of it would otherwise depend on where the plan put them. One
-    signal a device, so the batch's arrival crosses to each device once."""
-    graph = tf.compat.v1.get_default_graph()
-    batch = [t.op for t in tf.nest.flatten(data) if isinstance(t, tf.Tensor) and t.graph is graph]
-    if not batch:
-        return
-    arrived: dict[str, tf.Operation] = {}
-    for op in ops:
-        if op._is_stateful and op.type not in READS:
-            if op.device not in arrived:
-                with tf.device(op.device or None), tf.control_dependencies(batch):
-                    arrived[op.device] = tf.no_op(name="batch_arrived")
-            op._add_control_input(arrived[op.device])
 
 
 def _record_batch(data, record: Callable[[Any], None]) -> None:

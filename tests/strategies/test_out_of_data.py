@@ -67,10 +67,12 @@ def trained(door: str | None, algorithm: str | None = None, rate: float = 0.3):
     return model, history.history["loss"]
 
 
-def state_of(model) -> dict:
-    """Every variable of the model and its optimizer (the seed generators' states among them)."""
+def state_of(model, optimizers=None) -> dict:
+    """Every variable of the model and of its optimizers (by default ``model.optimizer``; the
+    seed generators' states among them)."""
     values = {f"model/{v.path}": np.array(v.numpy()) for v in model.variables}
-    values.update({f"optimizer/{v.path}": np.array(v.numpy()) for v in model.optimizer.variables})
+    for optimizer in optimizers or [model.optimizer]:
+        values.update({f"optimizer/{v.path}": np.array(v.numpy()) for v in optimizer.variables})
     return values
 
 
@@ -122,10 +124,7 @@ def test_a_custom_train_step_on_data_of_unknown_size_equals_plain_keras():
                 model.built = True  # no call(): Keras cannot build it under a strategy
         history = model.fit(data, epochs=2, verbose=0)
         assert strategy is None or strategy.plan_in_force, "the plan was not kept"
-        values = {f"model/{v.path}": np.array(v.numpy()) for v in model.variables}
-        for optimizer in (model.d_optimizer, model.g_optimizer):
-            values.update({f"optimizer/{v.path}": np.array(v.numpy()) for v in optimizer.variables})
-        return values, history.history
+        return state_of(model, [model.d_optimizer, model.g_optimizer]), history.history
 
     plain_state, plain_history = trained_gan(None)
     state, history = trained_gan("layerwise_model_parallel")
