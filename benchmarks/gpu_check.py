@@ -4,7 +4,9 @@ One table, in a few minutes: per model, each setup's median steady step time, sa
 ratio to the default placement and to MirroredStrategy, and for FastTStrategy its plan, the
 planner's predicted step time and the simulator's error. Each setup runs in its own process
 (TensorFlow fixes its devices when it starts), in alternating rounds so that drift hits all
-setups alike.
+setups alike. Then the calibration table of ``calibration.py`` on the same models: the
+simulator's predicted step against the measured one per plan kind, so the first run on a GPU
+machine checks the cost model there.
 
 Devices: every GPU; a single GPU is split into two logical GPUs (``--memory-mb`` each), so
 there is something to place on. Without a GPU the same comparison runs on two logical CPUs
@@ -12,7 +14,7 @@ there is something to place on. Without a GPU the same comparison runs on two lo
 
 Usage:
     python benchmarks/gpu_check.py                      # mlp, cnn, resnet, lstm, transformer
-    python benchmarks/gpu_check.py --models mlp --steps 20 --rounds 1 --budget-s 120
+    python benchmarks/gpu_check.py --models mlp --steps 20 --rounds 1 --budget-s 120 --calibration-rounds 1
 """
 
 from __future__ import annotations
@@ -98,10 +100,12 @@ def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
     if setup == "fastt":
         first_planned = strategy.options.warmup_steps + strategy.options.profile_steps
         steady = durations[first_planned + 3:]
-        result["predicted"] = strategy.plan.predicted_step_time if strategy.plan_in_force else None
+        kept = strategy.report.get("algorithm") == "default_placement"  # the planner kept it: nothing tried
+        result["predicted"] = strategy.plan.predicted_step_time if strategy.plan_in_force or kept else None
         dropped = "plan_dropped" in strategy.report  # measured slower (or fit ended first): no failure
         result["algorithm"] = strategy.plan.algorithm if strategy.plan_in_force else (
-            "default (dropped as slower)" if dropped else "default (fell back)")
+            "default (kept by the planner)" if kept else "default (dropped as slower)" if dropped
+            else "default (fell back)")
     else:
         steady = durations[5:]
     result["step"] = float(np.median(steady))
@@ -140,6 +144,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--memory-mb", type=int, default=4096, help="per logical GPU when one GPU is split")
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting new rounds after this")
+    parser.add_argument("--calibration-rounds", type=int, default=3,
+                        help="rounds of the calibration table after the comparison (0: none)")
     parser.add_argument("--worker", nargs=2, metavar=("SETUP", "MODEL"))
     args = parser.parse_args()
     if args.worker:
@@ -162,6 +168,11 @@ def main() -> int:
         done += 1
     print()
     print(table(results, args.models, done, args.steps))
+    if args.calibration_rounds:
+        print("\nThe simulator on this machine (benchmarks/calibration.py):", flush=True)
+        import calibration
+
+        return calibration.main(["--models", *args.models, "--rounds", str(args.calibration_rounds)])
     return 0
 
 

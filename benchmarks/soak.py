@@ -102,6 +102,7 @@ def collaborators(forced: str | None):
     """The driver's collaborators for a fit whose verdict is forced: "slower" (the plan is dropped),
     "faster" (kept), "failing" (the planner raises: a fallback), None (kerasflow's own)."""
     from kerasflow.planner import ranked_plans
+    from kerasflow.planner.planning import PLANNED_CANDIDATES
     from kerasflow.strategies.collaborators import Collaborators, stopwatch
 
     def timed(seconds_of_plan):
@@ -113,11 +114,13 @@ def collaborators(forced: str | None):
     def failing_planner(graph, cluster, **settings):
         raise RuntimeError("a planner failure forced by the soak")
 
+    def best_plan(graph, cluster, **settings):  # the logical CPUs as devices of their own: a plan, not the default
+        return ranked_plans(graph, cluster.independent(), **{**settings, "candidates": PLANNED_CANDIDATES})[:1]
+
     if forced == "slower":  # the best plan alone, a second a step: dropped within one epoch
-        return Collaborators(planner=lambda graph, cluster, **settings: ranked_plans(graph, cluster, **settings)[:1],
-                             stopwatch=timed(1.0))
+        return Collaborators(planner=best_plan, stopwatch=timed(1.0))
     if forced == "faster":
-        return Collaborators(stopwatch=timed(1e-6))
+        return Collaborators(planner=best_plan, stopwatch=timed(1e-6))
     if forced == "failing":
         return Collaborators(planner=failing_planner)
     return Collaborators()

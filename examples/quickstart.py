@@ -5,9 +5,10 @@ first trains the model for a few steps as plain Keras does (the default placemen
 profiler) and under tf.distribute.MirroredStrategy on the same devices, then with
 FastTStrategy: inside that one `fit` call kerasflow warms up, profiles the step, plans it,
 rebuilds it and keeps training. It prints the plan, whether it is in force, the one-time
-cost and the three measured step times side by side; when the plan measured slower than the
-default placement here (common on logical CPUs, which share two cores), it prints what the
-planner predicts for the model on four V100 GPUs instead, marked as simulated.
+cost and the three measured step times side by side. On logical CPUs, which share one host's
+cores, the planner usually keeps the default placement (no plan is predicted faster there, so
+none is tried); then, or when a plan measured slower and was dropped, it prints what the planner
+predicts for the model on four V100 GPUs instead, marked as simulated.
 
     python examples/quickstart.py
 """
@@ -29,7 +30,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 BATCH, STEPS = 32, 60
-SIMULATED_CLUSTER = "4xV100-nvlink"  # shown when the plan measured slower here
+SIMULATED_CLUSTER = "4xV100-nvlink"  # shown when no plan runs here
 
 
 def inception_like(classes: int = 10) -> keras.Model:
@@ -103,7 +104,8 @@ def main() -> None:
 
     plan, report = strategy.plan, strategy.placement_report()
     dropped = strategy.report.get("plan_dropped")  # it measured slower than the default placement
-    if plan is None or report is None or not (report.in_force or dropped):
+    kept_default = report is not None and report.default_kept  # no plan predicted enough faster: none tried
+    if plan is None or report is None or not (report.in_force or dropped or kept_default):
         reason = report.fallback if report is not None else "no plan was made"
         print(f"\nThe plan is not in force ({reason}); training ran on the default placement.")
         return
@@ -115,13 +117,17 @@ def main() -> None:
         print(f"  split layers: {', '.join(sorted(plan.splits))}")
     print(report.summary())
     # The steps after the plan was timed beside the default placement (clock.steps()[k] is step
-    # k + 1; the first step after a dropped plan retraces).
-    planned_step = float(np.median(clock.steps()[strategy.report["settled_step"] + 1:]))
-    print(f"One-time cost (profile, plan, rebuild): {strategy.report['plan_seconds']:.1f} s")
+    # k + 1; the first step after a dropped plan retraces), or after planning kept the default.
+    settled = strategy.report.get("settled_step", strategy.options.warmup_steps + strategy.options.profile_steps)
+    planned_step = float(np.median(clock.steps()[settled + 1:]))
+    one_time = float(np.sum(clock.steps()[:settled + 1]) - (settled + 1) * default_step)
+    print(f"One-time cost: {one_time:.1f} s more than plain Keras' steps over steps 0-{settled} (profiling and "
+          f"planning took {strategy.report['plan_seconds']:.1f} s of it)")
     measured = (f"Measured step time: {default_step * 1e3:.1f} ms on the default placement, {mirrored_step * 1e3:.1f} ms "
                 f"with MirroredStrategy, {planned_step * 1e3:.1f} ms with ")
-    if dropped:  # both FastTStrategy figures are then the default placement's: no speed-up to report
-        print(measured + "FastTStrategy, which went back to the default placement (so no speed-up to report)")
+    if dropped or kept_default:  # both FastTStrategy figures are then the default placement's: no speed-up
+        went = "which kept the default placement" if kept_default else "which went back to the default placement"
+        print(measured + f"FastTStrategy, {went} (so no speed-up to report)")
         print(simulated_on(SIMULATED_CLUSTER, strategy.profile))
     else:
         print(measured + f"the plan ({default_step / planned_step:.2f}x the default placement, "

@@ -1,6 +1,8 @@
 """Baseline plans every planner is judged against, and a lower bound on the step time.
 
-- ``single_device``: everything on the fastest device.
+- ``default_placement``: what TensorFlow runs without a plan: everything on the first device, in
+  data-flow order (on a CPU host, up to its inter-op threads at once: ``SharedCompute``).
+- ``single_device``: everything on the fastest device, in one order.
 - ``data_parallel``: every device runs the whole step on 1/D of the batch; gradients are
   ring-all-reduced (``2(D-1)/D`` x gradient bytes over the slowest link), weights
   replicated; BatchNormalization's statistics the whole batch's (one device's math) or, with
@@ -23,7 +25,7 @@ from .plan import DataParallel, Plan
 from .simulator import simulate
 from .graphtables import batch_ops
 
-__all__ = ["single_device", "data_parallel", "layerwise_model_parallel", "lower_bound",
+__all__ = ["default_placement", "single_device", "data_parallel", "layerwise_model_parallel", "lower_bound",
            "LowerBound", "fastest_device", "with_prediction"]
 
 
@@ -53,6 +55,25 @@ def fastest_device(graph: OpGraph, cluster: Cluster, batch: float | None = None)
         if time < best_time:
             best, best_time = device.name, time
     return best
+
+
+def default_placement(graph: OpGraph, cluster: Cluster, batch: int | None = None) -> Plan:
+    """The default placement as a candidate: every op on the cluster's first device, no order.
+
+    On devices of their own it runs one op at a time, as ``single_device`` on that device; on a
+    CPU host (``SharedCompute``) its ops run side by side on the host's threads, sharing its
+    cores, which is what keeps it ahead of most plans over logical CPUs.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> graph = synthetic.chain_mlp(layers=2)
+        >>> default = default_placement(graph, Cluster.preset("logical-cpus:2"))
+        >>> default.devices(), default.algorithm, default.order
+        (['/CPU:0'], 'default_placement', {})
+    """
+    device = cluster.device_names[0]
+    plan = Plan(placement={op.name: device for op in graph.ops}, batch_size=batch, algorithm="default_placement")
+    return with_prediction(plan, graph, cluster, batch)
 
 
 def single_device(graph: OpGraph, cluster: Cluster, device: str | None = None,

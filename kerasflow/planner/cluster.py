@@ -9,6 +9,7 @@ from typing import Any, Iterable, Mapping, NamedTuple
 from . import _jsonio
 from .errors import InvalidClusterError
 from .hardware import DEVICE_SPECS, GB
+from .machine import SharedCompute
 
 __all__ = ["Device", "Link", "Cluster", "CLUSTER_FORMAT_VERSION"]
 
@@ -130,6 +131,8 @@ class Cluster:
         default_link: the link between any two devices not listed in ``links``.
         links: per ordered pair ``(src name, dst name)``, a ``Link`` overriding the default.
         name: a label (presets use their preset name).
+        shared: groups of devices that draw on one pool of compute (``SharedCompute``: logical
+            CPUs of one host); a device is in at most one. Others are independent.
 
     Raises:
         InvalidClusterError: duplicate or unknown devices, or bad figures.
@@ -149,6 +152,7 @@ class Cluster:
         links: Mapping[tuple[str, str], Link | tuple] | None = None,
         *,
         name: str = "",
+        shared: Iterable[SharedCompute] = (),
     ):
         self._devices = tuple(devices)
         if not self._devices:
@@ -172,6 +176,7 @@ class Cluster:
                 raise InvalidClusterError(f"A link joins two different devices; received {pair!r}.")
             self._links[pair] = _check_link(link, f"link {pair[0]} -> {pair[1]}")
         self._name = str(name)
+        self._shared = self._check_shared(shared)
         n = len(self._devices)
         # Dense matrices for the simulator's inner loop.
         self.latency_matrix = [[0.0] * n for _ in range(n)]
@@ -214,7 +219,47 @@ class Cluster:
             grouped.setdefault(device.host, []).append(device.name)
         return grouped
 
+    def _check_shared(self, shared: Iterable[SharedCompute]) -> tuple[SharedCompute, ...]:
+        pools = tuple(shared)
+        self.pool_of = [-1] * len(self._devices)  # per device, its pool's index (-1: its own compute)
+        for p, pool in enumerate(pools):
+            if not isinstance(pool, SharedCompute):
+                raise InvalidClusterError(f"'shared' takes SharedCompute objects. Received: {pool!r}")
+            for name in pool.devices:
+                i = self.index(name)
+                if self.pool_of[i] >= 0:
+                    raise InvalidClusterError(f"device {name!r} is in two groups of shared compute; a device "
+                                              "draws on one pool at most.")
+                self.pool_of[i] = p
+        return pools
+
     # ------------------------------------------------------------------ accessors
+    @property
+    def shared(self) -> tuple[SharedCompute, ...]:
+        """The groups of devices that share compute (empty: every device is independent)."""
+        return self._shared
+
+    def independent(self) -> "Cluster":
+        """The same devices and links, each device taken as one of its own (no shared compute):
+        logical CPUs as ``cpu-testbed`` models them.
+
+        Example:
+            >>> Cluster.preset("logical-cpus:2").independent().shared
+            ()
+        """
+        return Cluster(self._devices, self._default, self._links, name=self._name)
+
+    def shares_compute(self, names: Iterable[str]) -> bool:
+        """Whether two of the named devices draw on one pool of compute.
+
+        Example:
+            >>> Cluster.preset("logical-cpus:2").shares_compute(["/CPU:0", "/CPU:1"])
+            True
+        """
+        pools = [self.pool_of[self.index(n)] for n in names]
+        pooled = [p for p in pools if p >= 0]
+        return len(pooled) != len(set(pooled))
+
     @property
     def devices(self) -> tuple[Device, ...]:
         """The devices, in order."""
@@ -287,13 +332,19 @@ class Cluster:
         names = list(names)
         devices = [self.device(n) for n in names]
         links = {p: l for p, l in self._links.items() if p[0] in names and p[1] in names}
-        return Cluster(devices, self._default, links, name=f"{self._name}[{len(names)}]")
+        shared = []
+        for pool in self._shared:
+            kept = tuple(d for d in pool.devices if d in names)
+            if len(kept) > 1:
+                shared.append(SharedCompute(kept, pool.threads))
+        return Cluster(devices, self._default, links, name=f"{self._name}[{len(names)}]", shared=shared)
 
     # ------------------------------------------------------------------ presets
     @staticmethod
     def presets() -> list[str]:
-        """Names accepted by ``Cluster.preset`` (``cpu-testbed:N`` takes 1 <= N <= ``MAX_TESTBED_DEVICES``)."""
-        return list(_PRESETS) + ["cpu-testbed:N"]
+        """Names accepted by ``Cluster.preset`` (``cpu-testbed:N`` and ``logical-cpus:N`` take
+        1 <= N <= ``MAX_TESTBED_DEVICES``)."""
+        return list(_PRESETS) + ["cpu-testbed:N", "logical-cpus:N"]
 
     @classmethod
     def preset(cls, name: str) -> "Cluster":
@@ -301,6 +352,10 @@ class Cluster:
 
         Args:
             name: one of ``Cluster.presets()``, e.g. ``"4xV100-nvlink"`` or ``"cpu-testbed:4"``.
+                ``cpu-testbed:N`` is N logical CPUs taken for independent devices (one intra-op
+                thread each, as ``benchmarks/cpu_testbed.py`` runs them); ``logical-cpus:N`` is N
+                logical CPUs as TensorFlow runs them by default: one host's compute, shared
+                (``SharedCompute``, N inter-op threads).
 
         Raises:
             InvalidClusterError: unknown name.
@@ -309,14 +364,16 @@ class Cluster:
             >>> Cluster.preset("2x8xV100").device_names[8]
             '/job:worker/replica:0/task:1/device:GPU:0'
         """
-        match = re.fullmatch(r"cpu-testbed:(\d+)", str(name))
+        match = re.fullmatch(r"(cpu-testbed|logical-cpus):(\d+)", str(name))
         if match:
-            count = int(match.group(1))
+            count = int(match.group(2))
             if not 1 <= count <= MAX_TESTBED_DEVICES:
-                raise InvalidClusterError(f"cpu-testbed:N needs 1 <= N <= {MAX_TESTBED_DEVICES}. "
+                raise InvalidClusterError(f"{match.group(1)}:N needs 1 <= N <= {MAX_TESTBED_DEVICES}. "
                                           f"Received: {name!r}")
             devices = [Device(f"/CPU:{i}", "CPU", DEVICE_SPECS["CPU"].memory) for i in range(count)]
-            return cls(devices, SAME_PROCESS, name=name)
+            shared = [SharedCompute(tuple(d.name for d in devices), count)] \
+                if match.group(1) == "logical-cpus" and count > 1 else []
+            return cls(devices, SAME_PROCESS, name=name, shared=shared)
         if name not in _PRESETS:
             raise InvalidClusterError(
                 f"Unknown cluster preset {name!r}; known presets: {cls.presets()}. "
@@ -334,13 +391,14 @@ class Cluster:
             "devices": [dataclasses.asdict(d) for d in self._devices],
             "default_link": self._default._asdict(),
             "links": [{"src": s, "dst": d, **l._asdict()} for (s, d), l in self._links.items()],
+            "shared": [pool.to_dict() for pool in self._shared],
         }
 
     @classmethod
     def from_dict(cls, data: Any) -> "Cluster":
         """Builds a cluster from ``to_dict`` data, validating everything."""
         _jsonio.check_header(data, _CLUSTER_KIND, CLUSTER_FORMAT_VERSION)
-        _jsonio.check_fields(data, {"name", "devices", "links", "default_link"}, "cluster")
+        _jsonio.check_fields(data, {"name", "devices", "links", "default_link", "shared"}, "cluster")
         devices_data = data.get("devices")
         if not isinstance(devices_data, list):
             raise InvalidClusterError("field 'devices' must be a list of device objects.")
@@ -359,7 +417,11 @@ class Cluster:
             if not isinstance(item, Mapping) or "src" not in item or "dst" not in item:
                 raise InvalidClusterError(f"Each link needs 'src' and 'dst'; received {item!r}.")
             links[(item["src"], item["dst"])] = item
-        return cls(devices, data.get("default_link", PCIE3), links, name=data.get("name", ""))
+        shared = data.get("shared") or []
+        if not isinstance(shared, list):
+            raise InvalidClusterError(f"field 'shared' must be a list of groups of devices. Received: {shared!r}")
+        return cls(devices, data.get("default_link", PCIE3), links, name=data.get("name", ""),
+                   shared=[SharedCompute.from_dict(item) for item in shared])
 
     def save(self, path) -> None:
         """Writes the cluster as JSON."""
@@ -375,7 +437,7 @@ class Cluster:
         """A ``Cluster`` from itself, a preset name, or a path to a cluster file (``.json`` or ``.json.gz``)."""
         if isinstance(spec, Cluster):
             return spec
-        if isinstance(spec, str) and (spec in _PRESETS or spec.startswith("cpu-testbed:")):
+        if isinstance(spec, str) and (spec in _PRESETS or spec.startswith(("cpu-testbed:", "logical-cpus:"))):
             return cls.preset(spec)
         if isinstance(spec, str) and spec.endswith(_jsonio.SUFFIXES):
             return cls.load(spec)

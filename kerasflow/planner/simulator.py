@@ -4,7 +4,9 @@ Each device runs one task at a time, in the plan's order where it gives one, oth
 the ready task of smallest priority first. A tensor crossing devices occupies its
 directed link for ``latency + bytes / bandwidth``, one transfer at a time per link, and is
 sent once per destination device. The all-reduce ring of data parallelism is one more
-resource. The result is deterministic: the same inputs give the same figures.
+resource. Devices that share compute (``Cluster.shared``: logical CPUs of one host) share it
+between the tasks running on them (``sharedloop``). The result is deterministic: the same
+inputs give the same figures.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .errors import SimulationError
 from .graph import OpGraph
 from .plan import Plan
 from .ring import gather_transfers, ring_transfers
+from .sharedloop import run_shared
 from .taskgraph import TaskGraph, build_task_graph
 from .tasknames import replica_template
 
@@ -191,7 +194,11 @@ def simulate(graph: OpGraph, cluster: Cluster, plan: Plan, *, batch: float | Non
 
 
 def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> SimulationResult:
-    """Runs an expanded ``TaskGraph`` (see ``simulate``)."""
+    """Runs an expanded ``TaskGraph`` (see ``simulate``); devices that share compute are run by
+    ``sharedloop.run_shared``."""
+    if cluster.shared:
+        start, end, transfers, dispatched = run_shared(tg, cluster)
+        return _finished(tg, start, end, transfers, dispatched, memory)
     n = len(tg)
     num_devices = len(tg.devices)
     resource = tg.resource
@@ -215,7 +222,6 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
     events: list[tuple[float, int, int]] = []
     push, pop = heapq.heappush, heapq.heappop
     seq = 0
-    finished = 0
     woken: list[int] = []
     dispatched: list[int] = []  # device tasks in the order they started (ties kept causal)
 
@@ -267,7 +273,6 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
             make_ready(~t, now)
         else:
             end[t] = now
-            finished += 1
             src = resource[t]
             on_device = 0 <= src < num_devices
             entry_index = -1
@@ -311,7 +316,11 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
                     dispatch(r, now)
             woken.clear()
 
-    if finished != n:
+    return _finished(tg, start, end, transfers, dispatched, memory)
+
+
+def _finished(tg: TaskGraph, start, end, transfers, dispatched, memory: bool) -> SimulationResult:
+    if any(e < 0 for e in end):
         raise _deadlock(tg, end)
     result = _result(tg, start, end, transfers, memory)
     result.dispatch_order = dispatched

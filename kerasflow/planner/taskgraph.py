@@ -216,9 +216,10 @@ class _Builder:
             tg.ring_devices = names
             classes = {(self.devices[d].kind, self.devices[d].speed, self.devices[d].memory_bandwidth,
                         self.devices[d].launch_overhead) for d in replicas}
-            if len(classes) == 1 and len(replicas) > 1:
+            if len(classes) == 1 and len(replicas) > 1 and not self.cluster.shares_compute(names):
                 # Identical replicas run identical timelines: simulate the first one and
-                # mirror its figures onto the others (the ring still counts them all).
+                # mirror its figures onto the others (the ring still counts them all). Not
+                # where they share compute: there each replica slows the others.
                 tg.mirrors = replicas[1:]
                 tg.replica_home = replicas[0]
                 replicas = replicas[:1]

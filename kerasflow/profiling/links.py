@@ -22,6 +22,7 @@ from kerasflow.planner.cluster import SAME_PROCESS, Cluster, Device, Link
 from kerasflow.planner.errors import KerasflowError
 from kerasflow.planner.hardware import DEVICE_SPECS
 from kerasflow.devices import device_kind, device_type, normalize_device, task_of
+from kerasflow.profiling.host import host_compute
 
 __all__ = ["measure_links", "LinkMeasurement", "cluster_of"]
 
@@ -141,19 +142,21 @@ def _measured_cluster(devices: tuple[str, ...]) -> Cluster:
 
 
 def planning_cluster(options) -> Cluster:
-    """The cluster ``fit`` plans for: ``options.cluster`` when given, else the CPU testbed for
-    logical CPUs (one op at a time each, same-process copies), else the devices with their links
-    measured (once per set of devices).
+    """The cluster ``fit`` plans for: ``options.cluster`` when given, else for logical CPUs the
+    host they share (``host.host_compute``; same-process copies), else the devices with their
+    links measured (once per set of devices).
 
     Example:
         >>> from kerasflow.strategies.options import Options
-        >>> planning_cluster(Options(devices=("/CPU:0", "/CPU:1"))).name
-        'cpu-testbed:2'
+        >>> cluster = planning_cluster(Options(devices=("/CPU:0", "/CPU:1")))
+        >>> cluster.name, cluster.shares_compute(["/CPU:0", "/CPU:1"])
+        ('logical-cpus:2', True)
     """
     if options.cluster is not None:
         return options.cluster
     devices = tuple(options.devices)
     if all("CPU" in d.upper() for d in devices):
+        shared = [host_compute(devices)] if len(devices) > 1 else []
         return Cluster([Device(d, "CPU", DEVICE_SPECS["CPU"].memory) for d in devices], SAME_PROCESS,
-                       name=f"cpu-testbed:{len(devices)}")
+                       name=f"logical-cpus:{len(devices)}", shared=shared)
     return _measured_cluster(devices)

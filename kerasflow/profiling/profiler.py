@@ -25,6 +25,7 @@ from kerasflow.planner.errors import ProfilingError
 from kerasflow.planner.graph import Affine, Edge, Op, OpGraph
 from kerasflow.planner.graphtables import STATISTICS_LAYERS
 from kerasflow.profiling.capture import CapturedStep, capture_step
+from kerasflow.profiling.host import host_lanes
 from kerasflow.profiling.xplane import KernelTimes, StepProfiler, attribute
 
 __all__ = ["profile_model", "profile_training_step", "first_batch", "check_model", "build_graph", "profile_step", "half_batch",
@@ -127,7 +128,7 @@ def profile_step(step: CapturedStep, batch: tuple, warmup_steps: int, steps: int
         for _ in range(max(warmup_steps, 0)):
             step.function(batch)
         plain = [_run_once(step, batch) for _ in range(max(steps, PLAIN_RUNS))]
-        profiler = StepProfiler(quiet=quiet)
+        profiler = StepProfiler(quiet=quiet, lanes=host_lanes())
         profiler.start()
         try:
             profiled = [_run_once(step, batch, profiler, i) for i in range(steps)]

@@ -87,7 +87,8 @@ class StepProfiler:
         (3, True)
     """
 
-    def __init__(self, logdir: str | None = None, quiet: bool = False):
+    def __init__(self, logdir: str | None = None, quiet: bool = False, lanes: int | None = None):
+        self.lanes = lanes
         self._own = logdir is None
         self.logdir = logdir or tempfile.mkdtemp(prefix="kerasflow_profile_")
         self._running = False
@@ -116,14 +117,19 @@ class StepProfiler:
         if not files:
             raise ProfilingError(f"The TensorFlow profiler wrote no trace under {self.logdir}. Check that no other "
                                  "profiler session is running in this process (tf.profiler.experimental.stop()).")
-        times = parse_xspace(files[-1])
+        times = parse_xspace(files[-1], lanes=self.lanes)
         if self._own:
             shutil.rmtree(self.logdir, ignore_errors=True)
         return times
 
 
-def parse_xspace(path: str) -> KernelTimes:
-    """Reads an ``.xplane.pb`` file into per-node, per-step kernel times."""
+def parse_xspace(path: str, lanes: int | None = None) -> KernelTimes:
+    """Reads an ``.xplane.pb`` file into per-node, per-step kernel times.
+
+    With ``lanes``, a host op's time is its time alone on the host's shared compute
+    (``shared_seconds``), as ``planner.machine.SharedCompute`` prices it; device kernels keep
+    their own.
+    """
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
@@ -153,7 +159,10 @@ def parse_xspace(path: str) -> KernelTimes:
                     (device if on_device else host).append((begin, match.group(1), match.group(2), event.duration_ps))
     # GPU ops show a short launch on the host and the kernel on the device: keep the kernel.
     on_device_nodes = {node for _, node, _, _ in device}
-    events = device + [e for e in host if e[1] not in on_device_nodes]
+    host = [e for e in host if e[1] not in on_device_nodes]
+    if lanes is not None:
+        host = [(b, node, kind, seconds) for (b, node, kind, _), seconds in zip(host, shared_seconds(host, lanes))]
+    events = device + host
     steps.sort()
     times = KernelTimes(steps=max(len(steps), 1))
     for begin, node, kind, duration in events:
@@ -166,6 +175,36 @@ def parse_xspace(path: str) -> KernelTimes:
         row[index] += duration * 1e-12
         times.types[node] = kind
     return times
+
+
+def shared_seconds(events: list[tuple[int, str, str, int]], lanes: int) -> list[int]:
+    """Each event's time alone on a pool of ``lanes`` lanes, from its time among the others.
+
+    While ``k`` events overlap, each had ``min(1, lanes / k)`` of its speed alone
+    (``SharedCompute.rate``), so its time alone is the integral of that over its span. Events are
+    ``(begin, node, kind, duration)`` in picoseconds; so is the result, in their order.
+
+    Example:
+        >>> # Two ops overlapping for their whole 10 ps on one lane had half the pool each.
+        >>> shared_seconds([(0, "a", "MatMul", 10), (0, "b", "MatMul", 10), (20, "c", "Relu", 4)], lanes=1)
+        [5, 5, 4]
+    """
+    edges = sorted([(b, 1, i) for i, (b, *_rest) in enumerate(events)] +
+                   [(b + d, -1, i) for i, (b, _n, _k, d) in enumerate(events)], key=lambda e: (e[0], e[1]))
+    alone = [0.0] * len(events)
+    running: set[int] = set()
+    since = 0
+    for time, change, i in edges:
+        if running and time > since:
+            share = (time - since) * min(1.0, lanes / len(running))
+            for j in running:
+                alone[j] += share
+        since = time
+        if change > 0:
+            running.add(i)
+        else:
+            running.discard(i)
+    return [int(round(a)) for a in alone]
 
 
 @dataclass

@@ -5,15 +5,16 @@ Phases and the only transitions between them (``TRANSITIONS``)::
     WARMING_UP --> PROFILING --> TRIAL --> PLANNED
         |  \\____________________^  |  ^ (a runner-up: TRIAL again)
         |             |             |
-        +-------------+-------------+--> DEFAULT  (dropped as slower, or a failure; for good)
+        +-------------+-------------+--> DEFAULT  (the default placement kept by the planner,
+                                                   dropped as slower, or a failure; for good)
 
 ``WARMING_UP``: steps on the default placement (tracing and graph optimisation happen there),
 recording a real batch (``RecordedInputs``); a plan given up front is checked and applied after
 step 0. ``PROFILING``: fit's own steps under TensorFlow's profiler, then the collaborators'
 profiler and planner make the plan. ``TRIAL``: the plan is in force and timed beside the default
 placement (``Trial``); its verdict keeps it (``PLANNED``), tries the runner-up once, or drops it.
-``DEFAULT``: ``Retreat`` took the model back to the default placement. A failure anywhere warns
-once, naming the cause, and retreats; a plan given up front that fits another model raises.
+``DEFAULT``: the planner kept the default placement (nothing was applied: no trial, no retrace),
+or ``Retreat`` took the model back to it. A failure anywhere warns once, naming the cause, and retreats; a plan given up front that fits another model raises.
 
 One owner of state: whenever Keras has control (after every step, before validation, evaluate,
 predict and every callback, at the end of ``fit``, after every switch) the model's own variables
@@ -152,8 +153,11 @@ class Driver:
             elif self.phase is Phase.PROFILING and self.profiled.steps == self.options.profile_steps:
                 stage = "planning"
                 plan, trial = self._plan()
-                stage = "rebuilding the step with the plan"
-                self._switch(plan, trial)
+                if plan.algorithm == "default_placement":
+                    self._keep_default(plan)
+                else:
+                    stage = "rebuilding the step with the plan"
+                    self._switch(plan, trial)
             elif self.phase is Phase.TRIAL and (self.trial.done or self.trial.failure is not None):
                 stage = "switching to the next plan"
                 self._settle()
@@ -176,9 +180,24 @@ class Driver:
             self.model, self.inputs.tensors(), own_step=self.own_step, cluster=planning_cluster(self.options),
             kernel_times=times if _compat.steps_per_call(self.model) == 1 else None,  # a "step" may hold several
             options=self.options, collaborators=self.collaborators, reporter=self.reporter)
-        self.reporter.say("kerasflow: rebuilding the training step with the plan")
+        if plan.algorithm != "default_placement":
+            self.reporter.say("kerasflow: rebuilding the training step with the plan")
         return plan, Trial(self.model, stopwatch=self.collaborators.stopwatch, runners_up=others,
                            against_default=self.options.drop_slower_plan, unplanned=self._unplanned)
+
+    def _keep_default(self, plan: Plan) -> None:
+        """The planner predicts no plan enough faster (``plan`` is its default placement): nothing is
+        applied, timed or retraced; the step traced for profiling runs on (its recording of batches
+        stops), later traces are Keras' own."""
+        self.plan = plan
+        self.inputs.stop()
+        _compat.override(self.model, "train_step", self.own_step)
+        self._go(Phase.DEFAULT)
+        others = {name: t for name, t in plan.candidates.items() if name != plan.algorithm}
+        best = min(others, key=others.get) if others else None
+        self.fallback = "no plan is predicted enough faster" + (
+            f": the best, {best}, at {others[best] * 1e3:.2f} ms a step against its "
+            f"{plan.predicted_step_time * 1e3:.2f} ms" if best else "")
 
     def _apply_given(self) -> None:
         """``plan=``: checked against the model after step 0, then applied (timed for the report only)."""
@@ -294,7 +313,8 @@ class Driver:
         """Ops off the plan, read back after the rebuild (None before a plan was applied)."""
         check, parts = self.placement, self.in_force_parts
         if self.fallback is not None:
-            return PlacementReport(check.mismatches or [], in_force=False, fallback=self.fallback)
+            kept = self.plan is not None and self.plan.algorithm == "default_placement"
+            return PlacementReport(check.mismatches or [], in_force=False, fallback=self.fallback, default_kept=kept)
         if check.mismatches is None:
             return None
         return PlacementReport(check.mismatches, in_force=self.in_force, transfers=check.transfers,

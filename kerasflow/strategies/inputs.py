@@ -28,6 +28,7 @@ class RecordedInputs:
     def __init__(self):
         self.spec = None
         self.batch = None
+        self.stopped = False
         self._spec_full = False
 
     def on_trace(self, data) -> None:
@@ -41,9 +42,15 @@ class RecordedInputs:
             self.spec = spec
 
     def on_batch(self, batch) -> None:
-        """Keeps the largest batch the step has run on."""
+        """Keeps the largest batch the step has run on (a copy), until ``stop``."""
+        if self.stopped:
+            return
         if self.batch is None or _batch_size(batch) > _batch_size(self.batch):
-            self.batch = batch
+            self.batch = tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, batch)
+
+    def stop(self) -> None:
+        """No more batches are kept: the step stays traced as it is, and its recording costs a call."""
+        self.stopped = True
 
     @property
     def traced(self) -> bool:

@@ -20,6 +20,9 @@ class PlanReport:
         algorithm: the plan in force last (or dropped last).
         summary: the line printed when the plan was made.
         predicted_step_time: that plan's simulated step, seconds.
+        predicted_default_step_time: the default placement's simulated step from the same
+            profile, seconds (the plan is "default_placement" when no plan was predicted enough
+            faster: then kerasflow's work in ``fit`` ends there, with nothing tried).
         candidates: every candidate's predicted step, seconds, by name.
         tie_margin: candidates predicted this close to the fastest were tied (from the
             profile's noise).
@@ -41,6 +44,7 @@ class PlanReport:
     algorithm: str | None = None
     summary: str | None = None
     predicted_step_time: float | None = None
+    predicted_default_step_time: float | None = None
     candidates: dict | None = None
     tie_margin: float | None = None
     measured_step_time: float | None = None

@@ -10,6 +10,7 @@ from kerasflow.multihost import task_of
 from kerasflow.planner import Cluster, OpGraph, Plan
 from kerasflow.planner.planning import tie_margin_for
 from kerasflow.planner.ticktock import replica_coupled_ops
+from kerasflow.profiling.host import host_lanes
 from kerasflow.profiling.xplane import KernelTimes, StepProfiler
 from kerasflow.strategies.collaborators import Collaborators
 from kerasflow.strategies.options import Options
@@ -56,6 +57,7 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
     line = reporter.planned(best, graph, cluster, seconds, len(options.devices))
     report = PlanReport(plan_seconds=seconds, algorithm=best.algorithm, summary=line,
                         predicted_step_time=best.predicted_step_time, candidates=dict(best.candidates),
+                        predicted_default_step_time=best.candidates.get("default_placement"),
                         tie_margin=tie_margin_for(graph))
     if options.log_dir:
         reporter.write_logs(options.log_dir, best, graph, cluster)
@@ -92,7 +94,7 @@ class ProfiledSteps:
     without them, after a failure)."""
 
     def __init__(self, quiet: bool):
-        self._profiler = StepProfiler(quiet=quiet)
+        self._profiler = StepProfiler(quiet=quiet, lanes=host_lanes())
         self._profiler.start()
         self._marked = None
         self.steps = 0

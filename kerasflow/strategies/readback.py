@@ -52,8 +52,8 @@ class PlacementReport(list):
     """The ops that did not land where the plan put them, and whether the plan is in force now.
 
     A list of ``PlacementMismatch`` (empty when every op ran where planned), with
-    ``in_force`` (False once training went back to the default placement), ``fallback``
-    (why it did, else None), ``not_applied`` (the parts of the plan that are not running,
+    ``in_force`` (False once training went back to the default placement, or when the planner
+    kept it: ``default_kept``), ``fallback`` (why, else None), ``not_applied`` (the parts of the plan that are not running,
     each with its reason: a per-device order TensorFlow refused, ops the plan has no device for)
     and ``transfers`` (the ``ExecutedTransfer`` list of the step read back: what crossed devices).
 
@@ -66,15 +66,18 @@ class PlacementReport(list):
     """
 
     def __init__(self, mismatches=(), *, in_force: bool = True, fallback: str | None = None,
-                 not_applied=(), transfers=()):
+                 not_applied=(), transfers=(), default_kept: bool = False):
         super().__init__(mismatches)
         self.in_force = in_force
+        self.default_kept = default_kept
         self.fallback = fallback
         self.not_applied = list(not_applied)
         self.transfers = list(transfers)
 
     def summary(self) -> str:
         """One line: whether the plan is in force, how many ops ran off it, and what is not applied."""
+        if self.default_kept:
+            return f"Plan not in force: the planner kept the default placement ({self.fallback})."
         if not self.in_force:
             return f"Plan not in force: training went back to the default placement ({self.fallback})."
         line = "Ops placed where planned: " + ("all" if not self else f"all but {len(self)}")

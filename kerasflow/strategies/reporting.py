@@ -51,7 +51,10 @@ class Reporter:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
     def planned(self, plan: Plan, graph: OpGraph, cluster: Cluster, seconds: float, devices: int) -> str:
-        """The one line after planning: algorithm, predicted step, ratios to the baselines."""
+        """The one line after planning: algorithm, predicted step, ratios to the baselines; or, when
+        the default placement is kept, the best plan's predicted step beside the default's."""
+        if plan.algorithm == "default_placement":
+            return self.kept_default(plan, seconds, devices)
         single = plan.candidates.get("single_device")
         parallel = baselines.data_parallel(graph, cluster).predicted_step_time
         line = (f"kerasflow: {devices} devices, planned in {seconds:.1f}s ({plan.algorithm}): "
@@ -60,6 +63,26 @@ class Reporter:
             line += f", {single / plan.predicted_step_time:.2f}x single device"
         if parallel:
             line += f", {parallel / plan.predicted_step_time:.2f}x data-parallel"
+        self.say(line)
+        return line
+
+    def kept_default(self, plan: Plan, seconds: float, devices: int) -> str:
+        """The one line when planning keeps the default placement.
+
+        Example:
+            >>> from kerasflow.planner import Plan
+            >>> default = Plan(algorithm="default_placement", predicted_step_time=0.010,
+            ...                candidates={"default_placement": 0.010, "heft": 0.0095, "data_parallel": 0.02})
+            >>> print(Reporter(verbose=0).kept_default(default, 2.5, 4))
+            kerasflow: 4 devices, planned in 2.5s: keeping the default placement (predicted 10.00 ms a step); the best plan, heft, is predicted at 9.50 ms, not enough faster to be worth a switch
+        """
+        others = {name: t for name, t in plan.candidates.items() if name != "default_placement"}
+        line = (f"kerasflow: {devices} devices, planned in {seconds:.1f}s: keeping the default placement (predicted "
+                f"{plan.predicted_step_time * 1e3:.2f} ms a step)")
+        if others:
+            best = min(others, key=others.get)
+            line += (f"; the best plan, {best}, is predicted at {others[best] * 1e3:.2f} ms, not enough faster to be "
+                     "worth a switch")
         self.say(line)
         return line
 

@@ -205,7 +205,7 @@ class PlannedStep:
         custom_step: True when the model overrides ``train_step`` (placement and order
             only: no splits or waves).
         on_batch: while no plan is applied, called with each batch the step runs on, as
-            numpy values (kerasflow profiles with a real batch of the user's data: string
+            eager tensors (kerasflow profiles with a real batch of the user's data: string
             inputs, lookup layers and unknown dimensions need one). None: not recorded.
         replicas: the per-device copies a data-parallel plan runs on (``Replicas``).
     """
@@ -370,7 +370,7 @@ def _record_batch(data, record: Callable[[Any], None]) -> None:
         return  # a step Keras compiled with XLA before kerasflow turned it off: no Python ops there
 
     def keep(*values):
-        record(tf.nest.pack_sequence_as(data, [v.numpy() for v in values]))
+        record(tf.nest.pack_sequence_as(data, list(values)))
         return []
 
     with tf.device("/CPU:0"):  # host memory: the batch is copied out anyway

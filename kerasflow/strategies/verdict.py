@@ -22,7 +22,7 @@ __all__ = ["Verdict", "judge", "SLOWER_MARGIN", "RUNNER_UP_GAIN", "TIMED_ROUNDS"
 # The median ratio of alternating rounds still varies by a few percent on a shared machine.
 SLOWER_MARGIN = 0.03
 RUNNER_UP_GAIN = 0.05
-TIMED_ROUNDS = 6
+TIMED_ROUNDS = 3
 
 
 @dataclasses.dataclass(frozen=True)

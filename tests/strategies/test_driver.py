@@ -12,7 +12,9 @@ from kerasflow import KerasflowError
 from kerasflow.planner import planning
 from kerasflow.strategies import Collaborators
 from kerasflow.strategies.options import Options
+from kerasflow.strategies.verdict import TIMED_ROUNDS
 from tests.profiling import models
+from tests.strategies import paths
 
 BATCH = 16
 
@@ -33,7 +35,7 @@ def fit_mlp_under_fastt(**door):
     """(strategy, losses, kerasflow's warnings) of the MLP trained one epoch under FastTStrategy
     (its plan kept even where it measures slower than the default placement), with ``door``'s options."""
     x, y = mlp_data()
-    strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False, **door)
+    strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False, **{"collaborators": paths.PLANNING, **door})
     with strategy.scope():
         keras.utils.set_random_seed(7)
         model = models.mlp(keras, dropout=False)
@@ -51,7 +53,7 @@ def plain_mlp_losses():
 
 def test_each_model_under_one_strategy_gets_its_own_profile_and_plan():
     x, y = mlp_data()
-    strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False)
+    strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False, collaborators=paths.PLANNING)
     with strategy.scope():
         first = models.mlp(keras, units=(32, 16), dropout=False)
         second = models.mlp(keras, units=(8,), dropout=False)
@@ -71,7 +73,8 @@ def test_a_missing_tensorboard_never_undoes_the_plan(monkeypatch, tmp_path, caps
     x, y = mlp_data()
     keras.utils.set_random_seed(7)
     model = models.mlp(keras, dropout=False)
-    callback = kerasflow.callbacks.FastT(log_dir=str(tmp_path), verbose=1, drop_slower_plan=False)
+    callback = kerasflow.callbacks.FastT(log_dir=str(tmp_path), verbose=1, drop_slower_plan=False,
+                                         collaborators=paths.PLANNING)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         losses = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=2, shuffle=False,
@@ -129,7 +132,7 @@ def test_every_optimizer_a_model_owns_keeps_its_state():
     keras.utils.set_random_seed(7)
     model = gan()
     data = gan_dataset()
-    callback = kerasflow.callbacks.FastT(verbose=0, drop_slower_plan=False)
+    callback = kerasflow.callbacks.FastT(verbose=0, drop_slower_plan=False, collaborators=paths.PLANNING)
     model.fit(data, epochs=2, verbose=0, callbacks=[callback])
     steps = 2 * len(list(data))
     # Profiling ran the step many more times; none of those updates may remain.
@@ -142,7 +145,7 @@ def test_verbose_zero_prints_nothing_not_even_the_profiler(capfd):
     x, y = mlp_data()
     keras.utils.set_random_seed(7)
     model = models.mlp(keras, dropout=False)
-    callback = kerasflow.callbacks.FastT(drop_slower_plan=False)
+    callback = kerasflow.callbacks.FastT(drop_slower_plan=False, collaborators=paths.PLANNING)
     fit(model, x, y, callbacks=[callback])
     out, err = capfd.readouterr()
     assert callback.plan_in_force
@@ -154,7 +157,8 @@ def test_every_phase_is_shown_with_verbose(capsys):
     x, y = mlp_data()
     keras.utils.set_random_seed(7)
     model = models.mlp(keras, dropout=False)
-    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=2, callbacks=[kerasflow.callbacks.FastT()])
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=2,
+              callbacks=[kerasflow.callbacks.FastT(collaborators=paths.PLANNING)])
     out = capsys.readouterr().out
     for phase in ("warm-up steps", "tracing the training step", "profiling", "planning for 4 devices",
                   "rebuilding the training step", "planned in"):
@@ -223,7 +227,8 @@ def test_the_measured_step_is_said_once_beside_the_prediction_and_the_default_pl
     x, y = mlp_data()
     keras.utils.set_random_seed(7)
     model = models.mlp(keras, dropout=False)
-    callback = kerasflow.callbacks.FastT(drop_slower_plan=False)  # one plan timed, whatever it measures
+    # One plan timed, whatever it measures.
+    callback = kerasflow.callbacks.FastT(drop_slower_plan=False, collaborators=paths.PLANNING)
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=2, callbacks=[callback])
     said = [line for line in capsys.readouterr().out.splitlines() if "the plan measured" in line]
     report = callback.report
@@ -268,7 +273,7 @@ def test_the_measured_step_is_per_train_step(steps_per_execution):
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   steps_per_execution=steps_per_execution)
     callback = kerasflow.callbacks.FastT(verbose=0, drop_slower_plan=False,
-                                         collaborators=Collaborators(stopwatch=Stopwatch(0.1)))
+                                         collaborators=Collaborators(paths.a_plan_whatever_it_gains, Stopwatch(0.1)))
     model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False, callbacks=[callback])
     assert callback.plan_in_force
     assert callback.report["measured_step_time"] == pytest.approx(0.1 / steps_per_execution)
@@ -277,8 +282,8 @@ def test_the_measured_step_is_per_train_step(steps_per_execution):
 def fit_mlp_timed(planned, default=1e-3, planner=None, **options):
     """(callback, losses, kerasflow's warnings) of the MLP trained two epochs through the callback
     while each planned step reports ``planned`` seconds and each default step ``default``
-    (``Stopwatch``), planned by ``planner`` (default: kerasflow's)."""
-    parts = Collaborators(stopwatch=Stopwatch(planned, default), **({"planner": planner} if planner else {}))
+    (``Stopwatch``), planned by ``planner`` (default: ``paths.a_plan_whatever_it_gains``)."""
+    parts = Collaborators(planner=planner or paths.a_plan_whatever_it_gains, stopwatch=Stopwatch(planned, default))
     x, y = mlp_data()
     keras.utils.set_random_seed(7)
     model = models.mlp(keras, dropout=False)
@@ -302,14 +307,14 @@ def runners_up_predicted_at(seconds):
     predictions sit near the default step on this machine, so whether one is worth a try would be
     up to the profile's noise)."""
     def ranked(graph, cluster, **kwargs):
-        first, *others = planning.ranked_plans(graph, cluster, **kwargs)
+        first, *others = paths.a_plan_whatever_it_gains(graph, cluster, **kwargs)
         return [first] + [dataclasses.replace(plan, predicted_step_time=seconds) for plan in others]
     return ranked
 
 
 def slower_by(measured_ms: str, default_ms: str, ratio: str) -> str:
     return (f"the plan measured {measured_ms} ms a step, slower than the default placement's {default_ms} ms in "
-            f"alternating steps ({ratio}x its step, the median of 6 rounds)")
+            f"alternating steps ({ratio}x its step, the median of {TIMED_ROUNDS} rounds)")
 
 
 def test_a_plan_measured_slower_than_the_default_placement_beside_it_is_dropped():
@@ -431,6 +436,27 @@ def test_replicas_after_a_plan_that_moved_the_variables_take_the_default_steps_v
     assert callback.report["plan_replaced"].startswith("layerwise_model_parallel: ")
     assert callback.plan.algorithm == "data_parallel" and callback.plan_in_force and said == []
     assert callback.driver.in_force_parts.replicas.differences() == 0.0
+    assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
+
+
+def test_where_no_plan_is_predicted_faster_the_default_placement_is_kept_untried(capsys):
+    # On 4 logical CPUs of one host every plan ties with the default placement: kerasflow's own
+    # planner keeps it. Nothing is applied or timed (a stopwatch that would keep any plan sees
+    # no planned step); one line says so; the losses are plain Keras'.
+    watch = Stopwatch(1e-6)
+    x, y = mlp_data()
+    keras.utils.set_random_seed(7)
+    model = models.mlp(keras, dropout=False)
+    callback = kerasflow.callbacks.FastT(collaborators=Collaborators(stopwatch=watch))
+    losses = model.fit(x, y, batch_size=BATCH, epochs=2, verbose=2, shuffle=False,
+                       callbacks=[callback]).history["loss"]
+    report = callback.report
+    assert report["algorithm"] == "default_placement" and watch.plans == []
+    assert report["predicted_default_step_time"] == report["predicted_step_time"] == \
+        report["candidates"]["default_placement"]
+    said = [line for line in capsys.readouterr().out.splitlines() if "keeping the default placement" in line]
+    assert said == [report["summary"]]
+    assert not callback.plan_in_force and "no plan is predicted enough faster" in callback.placement_report().summary()
     assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
 
 

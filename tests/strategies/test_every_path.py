@@ -26,6 +26,7 @@ from typing import Callable
 import pytest
 
 from kerasflow.strategies import Collaborators, ScriptedStopwatch
+from kerasflow.strategies.verdict import TIMED_ROUNDS
 from tests.strategies import paths
 from tests.strategies.paths import (BACKUP, ONE, SPECS, TWO, TWO_WITH_EVALUATE, TWO_WITH_EVALUATE_AND_PREDICT, Door,
                                     Program, Spec)
@@ -36,7 +37,7 @@ FIX = ("If this persists, report it with the model's code, or plan offline with 
 LATER_STEP = 10  # the planned step that fails on the "later step" path: after the plan was kept
 
 
-def slower(rounds: int = 6, ms: str = "2000.00", ratio: str = "2.00") -> str:
+def slower(rounds: int = TIMED_ROUNDS, ms: str = "2000.00", ratio: str = "2.00") -> str:
     return (f"the plan measured {ms} ms a step, slower than the default placement's 1000.00 ms in alternating "
             f"steps ({ratio}x its step, the median of {rounds} round{'s' if rounds != 1 else ''})")
 
@@ -103,7 +104,7 @@ def check_kept(state, spec):
     assert report["measured_step_time"] == FAST and report["default_step_time"] == DEFAULT
     assert "plan_replaced" not in report and "plan_dropped" not in report
     assert state.placement.in_force and state.placement.fallback is None
-    assert state.counts[None] == 1 + 6  # the untimed default step and one a round
+    assert state.counts[None] == 1 + TIMED_ROUNDS  # the untimed default step and one a round
     assert state.warnings == []
 
 
@@ -114,7 +115,7 @@ def check_replaced(state, spec):
     assert report["algorithm"] == spec.second and report["measured_step_time"] == FAST
     assert "plan_dropped" not in report
     assert state.placement.in_force and state.placement.fallback is None
-    assert state.counts[None] == 2 * (1 + 6)  # both plans timed in full
+    assert state.counts[None] == 2 * (1 + TIMED_ROUNDS)  # both plans timed in full
     assert state.warnings == []
 
 
@@ -124,7 +125,7 @@ def check_replaced_then_dropped(state, spec):
     assert report["plan_replaced"] == f"{spec.first}: {slower()}"
     assert report["plan_dropped"] == slower()  # no runner-up is left after the first
     assert state.placement.fallback == report["plan_dropped"] and not state.placement.in_force
-    assert state.counts[None] == 2 * (1 + 6)
+    assert state.counts[None] == 2 * (1 + TIMED_ROUNDS)
     assert state.warnings == [dropped_warning(slower())]
 
 
@@ -134,19 +135,29 @@ def check_dropped(state, spec):
     why = report["plan_dropped"]
     assert why.startswith(f"{slower()}; no other plan is tried: the best of them, {spec.second}, is expected at ")
     assert state.placement.fallback == why and not state.placement.in_force
-    assert state.counts[None] == 1 + 6 and state.counts[spec.first] == 1 + 6  # then never again
+    assert state.counts[None] == 1 + TIMED_ROUNDS and state.counts[spec.first] == 1 + TIMED_ROUNDS  # then never again
     assert state.warnings == [dropped_warning(why)]
 
 
 def check_mid_trial(state, spec):
-    # Planned after step 26 of 36: the first planned step 27, the untimed default step 28,
-    # 3 rounds (29-34) and the planned half of a fourth (35) when fit ends; judged on 3 rounds.
+    # Planned after step 28 of 36: the first planned step 29, the untimed default step 30,
+    # 2 rounds (31-34) and the planned half of a third (35) when fit ends; judged on 2 rounds.
     assert state.plan_in_force and state.plan.algorithm == spec.first
     report = state.report
     assert report["measured_step_time"] == FAST and report["default_step_time"] == DEFAULT
-    assert state.counts == {spec.first: 1 + 4, None: 1 + 3}
+    assert TIMED_ROUNDS == 3 and state.counts == {spec.first: 1 + 3, None: 1 + 2}
     assert state.placement.in_force and state.warnings == []
     assert report["settled_step"] == state.steps  # the first step after the timing: none in this fit
+
+
+def check_default_kept(state, spec):
+    assert not state.plan_in_force and state.plan.algorithm == "default_placement"
+    report = state.report
+    assert report["predicted_default_step_time"] == report["predicted_step_time"]
+    assert "measured_step_time" not in report and "plan_dropped" not in report
+    assert state.counts == {}  # not a step was timed: there was no trial
+    assert not state.placement.in_force and "no plan is predicted enough faster" in state.placement.fallback
+    assert state.warnings == []
 
 
 def check_failed(stage: str, cause: str, planned: bool, plan_made: bool = True):
@@ -170,7 +181,7 @@ def check_failed_later(state, spec):
     check_failed("running the planned step", f"RuntimeError: a failure forced at step {LATER_STEP} of "
                  "{spec.first}", planned=True)(state, spec)
     assert state.report["measured_step_time"] == FAST  # it was kept first
-    assert state.counts[spec.first] == LATER_STEP + 1 and state.counts[None] == 1 + 6
+    assert state.counts[spec.first] == LATER_STEP + 1 and state.counts[None] == 1 + TIMED_ROUNDS
 
 
 def check_given(state, spec, *, earlier: dict | None = None):
@@ -190,9 +201,9 @@ def check_given_plan(state, spec):
 
 
 def check_use_plan(state, spec):
-    # The first fit dropped its plan (timed in full: 7 planned and 7 default steps); use_plan put
+    # The first fit dropped its plan (timed in full: 4 planned and 4 default steps); use_plan put
     # the given plan in force for the second.
-    check_given(state, spec, earlier={spec.first: 1 + 6, None: 1 + 6})
+    check_given(state, spec, earlier={spec.first: 1 + TIMED_ROUNDS, None: 1 + TIMED_ROUNDS})
     assert len(state.warnings) == 1 and state.warnings[0].startswith(dropped_warning(slower()).split(";")[0])
 
 
@@ -215,7 +226,7 @@ def misplaced(plan):
 
 
 def mid_trial_warmup(spec) -> int:
-    return spec.epochs * paths.steps_an_epoch(spec) - 10  # plans after step 26 of 36 (see check_mid_trial)
+    return spec.epochs * paths.steps_an_epoch(spec) - 8  # plans after step 28 of 36 (see check_mid_trial)
 
 
 KEPT = Recipe(lambda spec: tried(spec))
@@ -252,6 +263,9 @@ PATHS = {
                                 paths.given_plan(spec.name).algorithm: FAST})),
         check_use_plan),
     "second_fit": Path(dataclasses.replace(KEPT, program=TWO), check_kept),
+    # The planner keeps the default placement: nothing applied; a second fit, evaluate and predict.
+    "default_kept": Path(Recipe(lambda spec: seams(paths.planner("default_placement")),
+                                program=TWO_WITH_EVALUATE_AND_PREDICT), check_default_kept),
     "fit_evaluate_fit": Path(dataclasses.replace(REPLACED, program=TWO_WITH_EVALUATE), check_replaced),
     "backup_and_restore": Path(dataclasses.replace(KEPT, program=BACKUP), check_kept),
 }

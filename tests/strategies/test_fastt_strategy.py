@@ -14,6 +14,7 @@ from kerasflow.planner import Cluster, Shard, heft
 from kerasflow.planner.onecopy import one_copy_data_parallel
 from kerasflow.planner.ticktock import with_waves
 from tests.profiling import models
+from tests.strategies import paths
 
 STEPS, BATCH = 20, 16
 CLUSTER = Cluster.preset("cpu-testbed:4")
@@ -54,7 +55,7 @@ def build_under(strategy, name):
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_placement_only_matches_one_device(name):
     x, y = data_for(name)
-    strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", verbose=0)
+    strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", verbose=0, collaborators=paths.PLANNING)
     model = build_under(strategy, name)  # held: the strategy keeps its models' plans only while they live
     loss = fit(model, x, y)
     assert loss == pytest.approx(baseline(name), rel=1e-5)
@@ -107,7 +108,7 @@ def test_one_copy_data_parallelism_matches_one_device(name):
 
 def test_the_plan_is_applied_where_it_says():
     x, y = data_for("cnn")
-    strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", verbose=0)
+    strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", verbose=0, collaborators=paths.PLANNING)
     model = build_under(strategy, "cnn")
     graph = kerasflow.profiling.profile_model(model, (x, y), batch_size=BATCH, steps=1, second_batch=False)
     plan = heft(graph, CLUSTER)
@@ -132,7 +133,7 @@ def test_callback_route_and_loss():
     x, y = data_for("mlp")
     keras.utils.set_random_seed(7)
     model = models.mlp(keras, dropout=False)
-    callback = kerasflow.callbacks.FastT(split=False, tick_tock="off", verbose=0)
+    callback = kerasflow.callbacks.FastT(split=False, tick_tock="off", verbose=0, collaborators=paths.PLANNING)
     loss = fit(model, x, y, callbacks=[callback])
     assert loss == pytest.approx(baseline("mlp"), rel=1e-5)
     assert callback.plan is not None and callback.placement_report() == []
@@ -173,7 +174,7 @@ def test_tf_keras_models_train_the_same():
         tf_keras.utils.set_random_seed(7)
         with tf.distribute.get_strategy().scope():
             expected = fit(build(tf_keras), x, y)
-        strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", verbose=0, drop_slower_plan=False)
+        strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", verbose=0, drop_slower_plan=False, collaborators=paths.PLANNING)
         tf_keras.utils.set_random_seed(7)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -229,7 +230,7 @@ def test_one_device_warns_and_trains():
 
 def test_jit_compile_is_turned_off_with_the_reason(capsys):
     x, y = data_for("mlp")
-    strategy = kerasflow.FastTStrategy(split=False, tick_tock="off")
+    strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", collaborators=paths.PLANNING)
     keras.utils.set_random_seed(7)
     with strategy.scope():
         model = models.mlp(keras, dropout=False)
@@ -246,7 +247,7 @@ def test_custom_train_step_gets_placement_only(capsys):
             return super().train_step(data)
 
     x, y = data_for("mlp")
-    strategy = kerasflow.FastTStrategy(tick_tock="on")
+    strategy = kerasflow.FastTStrategy(tick_tock="on", collaborators=paths.PLANNING)
     keras.utils.set_random_seed(7)
     with strategy.scope():
         inputs = keras.Input((8,))
@@ -260,7 +261,7 @@ def test_custom_train_step_gets_placement_only(capsys):
 def test_steps_per_execution_partial_batches_evaluate_predict_save(tmp_path):
     x, y = data_for("mlp")
     x, y = x[:-5], y[:-5]  # a partial last batch
-    strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", verbose=0)
+    strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", verbose=0, collaborators=paths.PLANNING)
     keras.utils.set_random_seed(7)
     with strategy.scope():
         model = models.mlp(keras, dropout=False)
@@ -283,7 +284,7 @@ def test_log_dir_files_and_existing_callbacks(tmp_path, capsys):
     keras.utils.set_random_seed(7)
     model = models.mlp(keras, dropout=False)
     callbacks = [
-        kerasflow.callbacks.FastT(split=False, tick_tock="off", log_dir=str(tmp_path / "kf")),
+        kerasflow.callbacks.FastT(split=False, tick_tock="off", log_dir=str(tmp_path / "kf"), collaborators=paths.PLANNING),
         keras.callbacks.ModelCheckpoint(str(tmp_path / "best.keras")),
         keras.callbacks.EarlyStopping(monitor="loss", patience=5),
         keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),

@@ -1,0 +1,250 @@
+"""How well kerasflow predicts this machine: predicted against measured step time, per model and plan kind.
+
+For each model, in one process of its own: plain Keras (the default placement), and one
+``FastTStrategy`` model per plan kind with that plan forced (a planner passed in) and kept
+(``drop_slower_plan=False``), plus ``FastTStrategy()`` as a user runs it (``plan()``'s pick,
+which may be "keep the default placement"). A first round profiles, plans and retraces; then
+``--rounds`` alternating rounds of ``--steps`` steps each; a setup's measured step is the
+median over rounds of each round's median step (its first step left out). Each FastT setup's
+prediction is the simulator's, from that setup's own profile in ``fit``; the default
+placement's is the median of the ``default_placement`` candidate's over those profiles.
+
+Per cell the error (predicted / measured - 1); per model the rank correlation (Spearman)
+between predicted and measured order over its setups, and whether ``plan()``'s pick measured
+best or within 3 % of the best.
+
+    python benchmarks/calibration.py                          # 5 testbed models + 5 tutorial patterns
+    python benchmarks/calibration.py --models mlp cnn --rounds 3
+
+On 4 logical CPUs (``kerasflow.devices.virtual_cpus(4)``, TensorFlow's default threading), or
+on the GPUs where there are some (``gpu_check.py`` prints this table after its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+TESTBED = ("mlp", "cnn", "resnet", "lstm", "transformer")
+PATTERNS = ("mnist_convnet", "text_transformer", "vae", "subclassed_mlp", "conv1d_weighted")
+KINDS = {  # setup -> (planner candidate, split)
+    "single_device": ("single_device", False),
+    "data_parallel": ("data_parallel", False),
+    "layerwise_model_parallel": ("layerwise_model_parallel", False),
+    "heft": ("heft", False),
+    "heft+split": ("heft", True),
+}
+SETTLED = 1  # steps left out at the start of each round's fit (the iterator's first batch)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (ties get their average rank).
+
+    Example:
+        >>> spearman([1, 2, 3], [10, 30, 20])
+        0.5
+    """
+    def ranks(values):
+        order = sorted(range(len(values)), key=values.__getitem__)
+        result = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                result[order[k]] = (i + j) / 2
+            i = j + 1
+        return result
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    norm = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / norm if norm else 1.0
+
+
+def model_and_data(name: str, keras):
+    """A compiled model and its training arrays ``(x, y, batch)``, with enough rows for any round."""
+    import numpy as np
+
+    if name in TESTBED:
+        from profile_zoo import build
+
+        model, (x, y) = build(name, keras)
+        batch = len(y)
+    else:
+        from tests.compat.test_tutorial_models import PATTERNS as ALL
+
+        pattern = next(p for p in ALL if p.name == name)
+        model = pattern.build()
+        data = pattern.data()
+        x, y = (data, None) if isinstance(data, np.ndarray) else (data[0], data[1])  # sample weights left out
+        batch = pattern.fit_kwargs.get("batch_size", 32)
+    return model, x, y, batch
+
+
+def devices() -> list[str]:
+    """The devices to plan over, set up before TensorFlow starts: the GPUs (one split into two
+    logical GPUs, as ``gpu_check.py`` does), else 4 logical CPUs with TensorFlow's default threading."""
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        from gpu_check import devices as gpus
+
+        return gpus(4096)[1]
+    import kerasflow
+
+    return kerasflow.devices.virtual_cpus(4)
+
+
+def worker(name: str, rounds: int, steps: int) -> dict:
+    import dataclasses
+    import time
+
+    import kerasflow
+
+    devices()
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from kerasflow.planner import baselines
+    from kerasflow.planner.planning import candidate_plans
+    from kerasflow.strategies import Collaborators
+
+    defaults: list[float] = []
+
+    def forced(kind):
+        candidate, split = KINDS[kind]
+
+        def planner(graph, cluster, **settings):
+            defaults.append(baselines.default_placement(graph, cluster).predicted_step_time)
+            plans, _ = candidate_plans(graph, cluster, split=split, candidates=(candidate,), tick_tock="off",
+                                       replicated=settings["replicated"], verbose=0, max_split_evaluations=8)
+            if kind not in plans and not (candidate in plans and not split):
+                raise LookupError(f"no {kind} plan for this model")
+            return [dataclasses.replace(plans[kind if kind in plans else candidate], algorithm=kind)]
+        return planner
+
+    setups = {"default": None, **{k: forced(k) for k in KINDS}, "plan()": "own"}
+    models, strategies = {}, {}
+    for setup, planner in setups.items():
+        keras.utils.set_random_seed(0)
+        if planner is None:
+            strategy = tf.distribute.get_strategy()
+        elif planner == "own":
+            strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False)
+        else:
+            strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False,
+                                               collaborators=Collaborators(planner=planner))
+        with strategy.scope():
+            models[setup], x, y, batch = model_and_data(name, keras)
+        strategies[setup] = strategy
+
+    def fit(setup: str, count: int) -> list[float]:
+        ends = []
+
+        class Clock(keras.callbacks.Callback):
+            def on_train_batch_end(self, index, logs=None):
+                ends.append(time.perf_counter())
+
+        repeats = -(-count * batch // len(x))
+        xs = np.concatenate([x] * repeats)[:count * batch]
+        ys = None if y is None else np.concatenate([y] * repeats)[:count * batch]
+        started = time.perf_counter()
+        models[setup].fit(xs, ys, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=[Clock()])
+        return list(np.diff([started] + ends))
+
+    result = {"model": name, "batch": batch, "setups": {}}
+    usable = []
+    for setup in setups:  # round 0: profile, plan, retrace
+        try:
+            fit(setup, 10)
+        except Exception as error:  # noqa: BLE001 - a kind this model has no plan of
+            result["setups"][setup] = {"error": str(error).splitlines()[0][:120]}
+            continue
+        strategy = strategies[setup]
+        if setup != "default":
+            report = strategy.report
+            if "plan_dropped" in report or report.get("algorithm") is None:
+                result["setups"][setup] = {"error": report.get("plan_dropped") or "no plan"}
+                continue
+        usable.append(setup)
+    measured = {s: [] for s in usable}
+    for _ in range(rounds):
+        for setup in usable:
+            measured[setup].append(statistics.median(fit(setup, steps + SETTLED)[SETTLED:]))
+    default_predicted = statistics.median(defaults) if defaults else None
+    for setup in usable:
+        report = strategies[setup].report if setup != "default" else {}
+        predicted = default_predicted if setup == "default" else report.get("predicted_step_time")
+        entry = {"measured": statistics.median(measured[setup]), "predicted": predicted}
+        if setup == "plan()":
+            entry["pick"] = report.get("algorithm")
+        result["setups"][setup] = entry
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(TESTBED + PATTERNS))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        sys.path.insert(0, HERE)
+        print("RESULT " + json.dumps(worker(args.worker, args.rounds, args.steps)), flush=True)
+        return 0
+    from _common import format_table, machine
+
+    rows, summary, within = [], [], []
+    for name in args.models:
+        out = subprocess.run([sys.executable, __file__, "--worker", name, "--rounds", str(args.rounds),
+                              "--steps", str(args.steps)], capture_output=True, text=True, cwd=HERE)
+        line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
+        if line is None:
+            print(f"{name} failed:\n{out.stderr[-3000:]}", flush=True)
+            continue
+        result = json.loads(line[7:])
+        setups = result["setups"]
+        priced = {s: e for s, e in setups.items() if "measured" in e and e.get("predicted")}
+        for setup, entry in setups.items():
+            if "error" in entry:
+                rows.append([name, setup, "", "", entry["error"][:60]])
+                continue
+            error = entry["predicted"] / entry["measured"] - 1 if entry.get("predicted") else None
+            if error is not None and setup != "plan()":
+                within.append(abs(error) <= 0.10)
+            label = f"plan() -> {entry['pick']}" if setup == "plan()" else setup
+            rows.append([name, label, f"{entry['predicted'] * 1e3:.2f}" if entry.get("predicted") else "",
+                         f"{entry['measured'] * 1e3:.2f}", f"{error * 100:+.0f}%" if error is not None else ""])
+            print(" | ".join(rows[-1]), flush=True)
+        kinds = [s for s in priced if s != "plan()"]
+        rho = spearman([priced[s]["predicted"] for s in kinds], [priced[s]["measured"] for s in kinds])
+        best = min(e["measured"] for s, e in setups.items() if "measured" in e)
+        pick = setups.get("plan()", {})
+        pick_gap = pick["measured"] / best - 1 if "measured" in pick else None
+        summary.append([name, f"{rho:.2f}", f"{pick.get('pick', '')}",
+                        f"{pick_gap * 100:+.1f}%" if pick_gap is not None else ""])
+    print()
+    print(f"Predicted against measured step time (ms), medians of {args.rounds} alternating rounds of "
+          f"{args.steps} steps, 4 logical CPUs ({machine()})")
+    print(format_table(["model", "setup", "predicted", "measured", "error"], rows))
+    print()
+    print(format_table(["model", "rank correlation", "plan() picks", "its step vs the best measured"], summary))
+    print(f"\ncells within +-10 %: {sum(within)} of {len(within)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
