@@ -175,6 +175,18 @@ MUTATIONS = [
     Mutation("options take an infinite or NaN memory_limit", "kerasflow/strategies/options.py",
              "    if not math.isfinite(value) or value <= 0:", "    if value <= 0:",
              OPTIONS_TESTS),
+    Mutation("tasks on shared compute run at full speed side by side", "kerasflow/planner/sharedloop.py",
+             "        speed = rate[p](len(tasks))", "        speed = 1.0"),
+    Mutation("replicas on shared compute are mirrored", "kerasflow/planner/taskgraph.py",
+             " and not self.cluster.shares_compute(names):", ":"),
+    Mutation("the default placement is kept only within the tie margin", "kerasflow/planner/planning.py",
+             "max(tie_margin, PREDICTION_ERROR * measured)", "tie_margin"),
+    Mutation("a profiled op's time among others is taken for its time alone", "kerasflow/profiling/xplane.py",
+             "            share = (time - since) * min(1.0, lanes / len(running))", "            share = time - since",
+             ("kerasflow/profiling/xplane.py",)),
+    Mutation("a plan predicted far faster than the default placement is timed anyway", "kerasflow/strategies/verdict.py",
+             "    return default / plan.predicted_step_time - 1 <= TRUSTED_GAIN", "    return True",
+             VERDICT_TESTS),
 ]
 
 

@@ -29,7 +29,12 @@ from .sharedloop import run_shared
 from .taskgraph import TaskGraph, build_task_graph
 from .tasknames import replica_template
 
-__all__ = ["simulate", "run_task_graph", "SimulationResult", "Transfer"]
+__all__ = ["simulate", "run_task_graph", "SimulationResult", "Transfer", "STEP_OVERHEAD_FIELD"]
+
+# A profile's seconds per step spent outside the step's ops: the training loop's own time around
+# each call of the train function (Keras' callbacks and logs), measured inside ``fit``. The same
+# for every plan, it is added to every simulated step.
+STEP_OVERHEAD_FIELD = "step_overhead_seconds"
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,9 @@ class SimulationResult:
     """What one simulated step did.
 
     Attributes:
-        makespan: seconds from the first task's start to the last task's end.
+        makespan: seconds of one step: from the first task's start to the last task's end, plus
+            the profile's ``metadata[STEP_OVERHEAD_FIELD]`` (the training loop's own time, when
+            the profile was made inside ``fit``).
         task_names, task_start, task_end, task_device: per task (device ``"allreduce-ring"``
             for all-reduce tasks, ``""`` for instant barriers).
         busy: seconds each device computed.
@@ -187,10 +194,23 @@ def simulate(graph: OpGraph, cluster: Cluster, plan: Plan, *, batch: float | Non
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return run_task_graph(build_task_graph(graph, cluster, plan, batch), cluster, memory=memory)
+        result = run_task_graph(build_task_graph(graph, cluster, plan, batch), cluster, memory=memory)
+        result.makespan += step_overhead(graph)
+        return result
     finally:
         if collecting:
             gc.enable()
+
+
+def step_overhead(graph: OpGraph) -> float:
+    """The profile's training-loop seconds per step (``STEP_OVERHEAD_FIELD``; 0 without one).
+
+    Raises:
+        SimulationError: the figure is not a non-negative number.
+    """
+    seconds = graph.metadata.get(STEP_OVERHEAD_FIELD, 0.0)
+    return float(check_number(seconds, STEP_OVERHEAD_FIELD, SimulationError,
+                              fix="give the seconds per step outside the step's ops, or remove it"))
 
 
 def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> SimulationResult:

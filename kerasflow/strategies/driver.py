@@ -38,7 +38,7 @@ from kerasflow.strategies.collaborators import Collaborators
 from kerasflow.strategies.inputs import RecordedInputs
 from kerasflow.strategies.options import Options
 from kerasflow.strategies.plan_report import PlanReport
-from kerasflow.strategies.planning_in_fit import ProfiledSteps, given_plan_mismatch, plan_in_fit
+from kerasflow.strategies.planning_in_fit import LoopTime, ProfiledSteps, given_plan_mismatch, plan_in_fit
 from kerasflow.strategies.readback import PlacementCheck, PlacementReport
 from kerasflow.profiling.links import planning_cluster
 from kerasflow.strategies.in_force import InForce
@@ -46,6 +46,7 @@ from kerasflow.strategies.reporting import Reporter
 from kerasflow.strategies.retreat import Retreat, describe, state_lost
 from kerasflow.strategies.steps import PlannedStep
 from kerasflow.strategies.trial import Trial
+from kerasflow.strategies.verdict import needs_confirmation
 
 __all__ = ["Driver", "Phase"]
 
@@ -99,6 +100,7 @@ class Driver:
         self.fallback: str | None = None  # why training went back to the default placement
         self.placement = PlacementCheck()
         self.profiled: ProfiledSteps | None = None
+        self.loop = LoopTime()  # the training loop's own time per step, for the predictions
 
     def _go(self, phase: Phase) -> None:
         if phase not in TRANSITIONS[self.phase]:
@@ -134,6 +136,8 @@ class Driver:
                 self.profiled = ProfiledSteps(quiet=self.reporter.quiet)
             if self.phase is Phase.PROFILING:
                 self.profiled.enter()
+            if self.phase in (Phase.WARMING_UP, Phase.PROFILING):
+                self.loop.entered()
             self.placement.before_step()
         except Exception as error:  # noqa: BLE001 - never lose the user's training
             self.fail("profiling", error)
@@ -166,6 +170,7 @@ class Driver:
         except Exception as error:  # noqa: BLE001 - never lose the user's training
             self.fail(stage, error)
         self.step += 1
+        self.loop.left()
 
     def end_fit(self) -> None:
         """``fit`` ended: a plan still being timed is judged on what was measured, or dropped."""
@@ -179,11 +184,17 @@ class Driver:
         self.graph, (plan, *others), self.report = plan_in_fit(
             self.model, self.inputs.tensors(), own_step=self.own_step, cluster=planning_cluster(self.options),
             kernel_times=times if _compat.steps_per_call(self.model) == 1 else None,  # a "step" may hold several
-            options=self.options, collaborators=self.collaborators, reporter=self.reporter)
+            options=self.options, collaborators=self.collaborators, reporter=self.reporter,
+            loop_seconds=self.loop.seconds(_compat.steps_per_call(self.model)))
+        confirm = self.options.drop_slower_plan and needs_confirmation(plan)
         if plan.algorithm != "default_placement":
+            if self.options.drop_slower_plan and not confirm:
+                gain = plan.candidates["default_placement"] / plan.predicted_step_time
+                self.reporter.say(f"kerasflow: the plan is predicted {gain:.2f}x faster than the default placement, "
+                                  "beyond the simulator's measured error: it is not timed beside it")
             self.reporter.say("kerasflow: rebuilding the training step with the plan")
         return plan, Trial(self.model, stopwatch=self.collaborators.stopwatch, runners_up=others,
-                           against_default=self.options.drop_slower_plan, unplanned=self._unplanned)
+                           against_default=confirm, unplanned=self._unplanned)
 
     def _keep_default(self, plan: Plan) -> None:
         """The planner predicts no plan enough faster (``plan`` is its default placement): nothing is

@@ -19,14 +19,16 @@ class PlanReport:
             the plan happens in the next step).
         algorithm: the plan in force last (or dropped last).
         summary: the line printed when the plan was made.
-        predicted_step_time: that plan's simulated step, seconds.
+        predicted_step_time: that plan's simulated step, seconds (``fit``'s step: the training
+            loop's own time per step included).
         predicted_default_step_time: the default placement's simulated step from the same
             profile, seconds (the plan is "default_placement" when no plan was predicted enough
             faster: then kerasflow's work in ``fit`` ends there, with nothing tried).
         candidates: every candidate's predicted step, seconds, by name.
         tie_margin: candidates predicted this close to the fastest were tied (from the
             profile's noise).
-        measured_step_time: the median planned step timed inside ``fit``, seconds per train step.
+        measured_step_time: the median planned step timed inside ``fit``, seconds per train step
+            (the train function's time: the training loop's own is not in it).
         default_step_time: the median step of the default placement timed beside it (not for
             ``drop_slower_plan=False`` or a given plan).
         measured_summary: the line printed when the timing ended.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Callable
 
@@ -9,6 +10,7 @@ from kerasflow import _compat
 from kerasflow.multihost import task_of
 from kerasflow.planner import Cluster, OpGraph, Plan
 from kerasflow.planner.planning import tie_margin_for
+from kerasflow.planner.simulator import STEP_OVERHEAD_FIELD
 from kerasflow.planner.ticktock import replica_coupled_ops
 from kerasflow.profiling.host import host_lanes
 from kerasflow.profiling.xplane import KernelTimes, StepProfiler
@@ -17,11 +19,12 @@ from kerasflow.strategies.options import Options
 from kerasflow.strategies.plan_report import PlanReport
 from kerasflow.strategies.reporting import Reporter
 
-__all__ = ["plan_in_fit", "may_replicate", "ProfiledSteps", "given_plan_mismatch"]
+__all__ = ["plan_in_fit", "may_replicate", "ProfiledSteps", "LoopTime", "given_plan_mismatch"]
 
 
 def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Cluster, options: Options,
-                collaborators: Collaborators, reporter: Reporter) -> tuple[OpGraph, list[Plan], PlanReport]:
+                collaborators: Collaborators, reporter: Reporter,
+                loop_seconds: float | None = None) -> tuple[OpGraph, list[Plan], PlanReport]:
     """Profiles the model's own step at ``batch`` and plans it with the collaborators.
 
     Args:
@@ -33,6 +36,8 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
         options: the door's options.
         collaborators: the profiler and planner.
         reporter: where the phases and the plan's line are said.
+        loop_seconds: the training loop's own seconds per train step (``LoopTime``), recorded in
+            the profile (``STEP_OVERHEAD_FIELD``) so that every prediction is of ``fit``'s step.
 
     Returns:
         ``(graph, [best plan, *runners-up], report)``.
@@ -45,6 +50,9 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
             model, batch, device=options.devices[0], warmup_steps=1, steps=options.profile_steps,
             kernel_times=kernel_times, quiet=reporter.quiet, say=lambda message: say(f"kerasflow: {message}"),
             source="kerasflow in-fit profile")
+    if loop_seconds is not None:
+        graph = OpGraph(graph.ops, graph.edges, batch_size=graph.batch_size, name=graph.name,
+                        metadata={**graph.metadata, STEP_OVERHEAD_FIELD: loop_seconds})
     say(f"kerasflow: planning for {len(options.devices)} devices")
     replicated = may_replicate(options, model, graph)
     plans = collaborators.planner(
@@ -86,6 +94,37 @@ def given_plan_mismatch(model, batch, own_step: Callable, plan: Plan) -> tuple[O
     return structure, (f"The plan was made for another model (fingerprint {plan.graph_fingerprint}, this model's "
                        f"{structure.fingerprint()}). Make a plan for this model, or pass on_mismatch='replan' to "
                        "profile and plan afresh.")
+
+
+class LoopTime:
+    """The training loop's own time: from the end of one call of the train function to the start of
+    the next (Keras' callbacks and logs), recorded while the steps run on the default placement.
+
+    Example:
+        >>> loop = LoopTime()
+        >>> for left, entered in ((0.0, 0.002), (0.010, 0.011), (0.020, 0.023)):
+        ...     loop.left(left); loop.entered(entered)
+        >>> loop.seconds(steps_per_call=1)
+        0.002
+    """
+
+    def __init__(self):
+        self._left_at: float | None = None
+        self.gaps: list[float] = []
+
+    def left(self, now: float | None = None) -> None:
+        """A call of the train function ended (``now``: ``time.perf_counter()``)."""
+        self._left_at = time.perf_counter() if now is None else now
+
+    def entered(self, now: float | None = None) -> None:
+        """A call of the train function starts."""
+        now = time.perf_counter() if now is None else now
+        if self._left_at is not None:
+            self.gaps.append(now - self._left_at)
+
+    def seconds(self, steps_per_call: int) -> float | None:
+        """The median gap per train step (None before two calls)."""
+        return statistics.median(self.gaps) / steps_per_call if self.gaps else None
 
 
 class ProfiledSteps:

@@ -14,6 +14,7 @@ import warnings
 
 from kerasflow import _compat
 from kerasflow.planner import Cluster, OpGraph, Plan, baselines, simulate
+from kerasflow.planner.simulator import step_overhead
 from kerasflow.planner.ticktock import batch_coupled_ops, replica_coupled_ops
 
 __all__ = ["Reporter"]
@@ -106,8 +107,9 @@ class Reporter:
         """Says what the plan measured (``measured``) and keeps it in the ``PlanReport``."""
         report.measured_step_time, report.default_step_time = measured_step_time, default_step_time
         profiled = graph.metadata.get("plain_step_seconds") if graph is not None else None
+        loop = step_overhead(graph) if graph is not None else 0.0
         report.measured_summary = self.measured(plan, measured_step_time, default=default_step_time,
-                                                speedup=1 / ratio if ratio else None, profiled=profiled)
+                                                speedup=1 / ratio if ratio else None, profiled=profiled, loop=loop)
         report.settled_step = step + 1
 
     def replaced(self, report, plan: Plan, following: Plan, why: str) -> None:
@@ -131,10 +133,12 @@ class Reporter:
                      "losses differ from one device's. Plan with replicated='auto' to keep the model's math.")
 
     def measured(self, plan: Plan, measured: float, *, default: float | None = None, speedup: float | None = None,
-                 profiled: float | None = None) -> str:
+                 profiled: float | None = None, loop: float = 0.0) -> str:
         """The one line once the plan has run a few steps: the measured step against the predicted
         one and against the default placement's step, timed in alternation with the plan
-        (``default``, and the plan's ``speedup``: the median over rounds) or when profiled.
+        (``default``, and the plan's ``speedup``: the median over rounds) or when profiled. The
+        steps are timed inside the train function, so the prediction is shown without the
+        training loop's own time (``loop``, which it includes).
 
         Example:
             >>> from kerasflow.planner import Plan
@@ -144,7 +148,7 @@ class Reporter:
             'kerasflow: the plan measured 12.00 ms a step; the default placement measured 11.00 ms when profiled: 0.92x'
         """
         line = f"kerasflow: the plan measured {measured * 1e3:.2f} ms a step"
-        predicted = plan.predicted_step_time
+        predicted = plan.predicted_step_time - loop if plan.predicted_step_time else None
         if predicted:  # a hand-made plan given with plan= has no prediction
             error = (measured - predicted) / predicted
             line += (f" (predicted {predicted * 1e3:.2f} ms: {abs(error):.0%} "

@@ -160,6 +160,20 @@ def check_default_kept(state, spec):
     assert state.warnings == []
 
 
+def check_trusted(state, spec):
+    # Predicted 10x faster than the default placement: put in force untimed against it, and kept
+    # though its steps "last" twice the default's.
+    assert state.plan_in_force and state.plan.algorithm == spec.first
+    report = state.report
+    assert report["measured_step_time"] == SLOW and "default_step_time" not in report
+    assert None not in state.counts and "plan_dropped" not in report
+    assert state.placement.in_force and state.warnings == []
+
+
+def predicted_ten_times_faster(plan):
+    return dataclasses.replace(plan, candidates={**plan.candidates, "default_placement": 10 * plan.predicted_step_time})
+
+
 def check_failed(stage: str, cause: str, planned: bool, plan_made: bool = True):
     """The failure at ``stage`` (its error's text starts with ``cause``, formatted with the spec)."""
     def check(state, spec):
@@ -263,6 +277,8 @@ PATHS = {
                                 paths.given_plan(spec.name).algorithm: FAST})),
         check_use_plan),
     "second_fit": Path(dataclasses.replace(KEPT, program=TWO), check_kept),
+    "trusted": Path(Recipe(lambda spec: seams(paths.planner(spec.first, change=predicted_ten_times_faster),
+                                              {None: DEFAULT, spec.first: SLOW})), check_trusted),
     # The planner keeps the default placement: nothing applied; a second fit, evaluate and predict.
     "default_kept": Path(Recipe(lambda spec: seams(paths.planner("default_placement")),
                                 program=TWO_WITH_EVALUATE_AND_PREDICT), check_default_kept),

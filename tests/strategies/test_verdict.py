@@ -11,7 +11,8 @@ import pytest
 
 from kerasflow.planner import DataParallel, Plan
 from kerasflow.strategies.trial import Trial
-from kerasflow.strategies.verdict import RUNNER_UP_GAIN, SLOWER_MARGIN, TIMED_ROUNDS, Verdict, judge
+from kerasflow.strategies.verdict import (RUNNER_UP_GAIN, SLOWER_MARGIN, TIMED_ROUNDS, TRUSTED_GAIN, Verdict, judge,
+                                         needs_confirmation)
 
 TWO_CPUS = DataParallel(("/CPU:0", "/CPU:1"))
 
@@ -39,8 +40,18 @@ SLOWER = slower("12.00", "10.00", "1.20", "6 rounds")
 # RUNNER_UP_GAIN: a runner-up must be expected under 10 ms * (1 - 0.05) = 9.5 ms.
 
 
-def test_the_trials_numbers_are_a_3_percent_margin_a_5_percent_gain_and_six_rounds():
+def test_the_trials_numbers_are_a_3_percent_margin_a_5_percent_gain_and_three_rounds():
     assert (SLOWER_MARGIN, RUNNER_UP_GAIN, TIMED_ROUNDS) == (0.03, 0.05, 3)
+
+
+def test_a_plan_predicted_more_than_1_67x_faster_than_the_default_placement_needs_no_trial():
+    # Predicted 10 ms against the default placement's 16.7 ms: a gain of exactly 0.67 is timed.
+    def plan(default):
+        return Plan(placement={}, predicted_step_time=0.010, candidates={"default_placement": default})
+
+    assert TRUSTED_GAIN == 0.67
+    assert needs_confirmation(plan(0.0167)) and not needs_confirmation(plan(0.0168))
+    assert needs_confirmation(Plan(placement={}, predicted_step_time=0.010))  # no default priced: timed
 
 
 @pytest.mark.parametrize("ratio", [1.03, 1.0299, 1.0, 0.7])
