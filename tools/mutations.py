@@ -180,7 +180,7 @@ MUTATIONS = [
     Mutation("replicas on shared compute are mirrored", "kerasflow/planner/taskgraph.py",
              " and not self.cluster.shares_compute(names):", ":"),
     Mutation("the default placement is kept only within the tie margin", "kerasflow/planner/planning.py",
-             "max(tie_margin, PREDICTION_ERROR * measured)", "tie_margin"),
+             "    margin = max(tie_margin, PREDICTION_ERROR * measured)", "    margin = tie_margin"),
     Mutation("a profiled op's time among others is taken for its time alone", "kerasflow/profiling/xplane.py",
              "            share = (time - since) * min(1.0, lanes / len(running))", "            share = time - since",
              ("kerasflow/profiling/xplane.py",)),

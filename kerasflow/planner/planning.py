@@ -309,7 +309,8 @@ def _add_wave_candidates(graph: OpGraph, cluster: Cluster, batch: int, computed:
                  lambda: tick_tock_data_parallel(graph, cluster, batch=batch, base=computed.get("data_parallel")))
     consider("tick_tock_model_parallel", lambda: tick_tock_model_parallel(
         graph, cluster, batch=batch, base=computed.get("layerwise_model_parallel")))
-    placed = {n: p for n, p in computed.items() if p.data_parallel is None and n not in ("single_device", "default_placement")}
+    placed = {n: p for n, p in computed.items()
+              if p.data_parallel is None and n not in ("single_device", "default_placement")}
     if placed:
         name = min(placed, key=lambda n: (placed[n].predicted_step_time, list(placed).index(n)))
         consider(f"{name}+waves", lambda: with_waves(placed[name], graph, cluster, batch=batch))
@@ -413,7 +414,8 @@ def ranked_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | No
     default = results.get("default_placement")
     # Measured costs come with the error band calibration measured; datasheet ones with none known.
     measured = "plain_step_seconds" in graph.metadata
-    if default is not None and default.predicted_step_time <= fastest * (1 + max(tie_margin, PREDICTION_ERROR * measured)):
+    margin = max(tie_margin, PREDICTION_ERROR * measured)
+    if default is not None and default.predicted_step_time <= fastest * (1 + margin):
         best_name = "default_placement"
     else:
         best_name = next(n for n, p in results.items() if p.predicted_step_time <= fastest * (1 + tie_margin))

@@ -1,12 +1,13 @@
 """The simulator's event loop for clusters whose devices share compute (``SharedCompute``).
 
 Tasks of devices in one pool share it (``SharedCompute.rate``): while ``k`` run, each progresses
-at ``min(1, lanes / k)`` of its speed alone, so a task's end moves whenever one starts or ends beside it (each such change
-reschedules the pool's running tasks; a superseded end event is skipped). At most the pool's
-``threads`` tasks run at once; a device with an order runs one at a time, one without up to
-``threads``. A device outside every pool, and the all-reduce ring, is a pool of its own that runs
-one task at a time: there the loop reproduces ``simulator.run_task_graph``'s timeline. Transfers
-are as in that loop: one at a time per directed link, once per destination device.
+at ``min(1, lanes / k)`` of its speed alone, so a task's end moves whenever one starts or ends
+beside it (each such change reschedules the pool's running tasks; a superseded end event is
+skipped). At most the pool's ``threads`` tasks run at once; a device with an order runs one at a
+time, one without up to ``threads``. A device outside every pool, and the all-reduce ring, is a
+pool of its own that runs one task at a time: there the loop reproduces
+``simulator.run_task_graph``'s timeline. Transfers are as in that loop: one at a time per
+directed link, once per destination device.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import heapq
 
 from .cluster import Cluster
-from .taskgraph import TaskGraph
+from .taskgraph import TaskGraph, queued_tasks
 
 __all__ = ["run_shared"]
 
@@ -41,10 +42,7 @@ def run_shared(tg: TaskGraph, cluster: Cluster) -> tuple[list[float], list[float
     limit = [1 if tg.orders[r] is not None or pool[r] >= pools else threads[pool[r]] for r in range(num_devices)]
     limit.append(1)
     orders = list(tg.orders) + [None]
-    queued = [True] * n
-    for order in tg.orders:
-        for t in order or ():
-            queued[t] = False
+    queued = queued_tasks(tg)
     members: list[list[int]] = [[] for _ in threads]  # per pool, its resources
     for r, p in enumerate(pool):
         members[p].append(r)

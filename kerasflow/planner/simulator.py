@@ -26,7 +26,7 @@ from .graph import OpGraph
 from .plan import Plan
 from .ring import gather_transfers, ring_transfers
 from .sharedloop import run_shared
-from .taskgraph import TaskGraph, build_task_graph
+from .taskgraph import TaskGraph, build_task_graph, queued_tasks
 from .tasknames import replica_template
 
 __all__ = ["simulate", "run_task_graph", "SimulationResult", "Transfer", "STEP_OVERHEAD_FIELD"]
@@ -228,7 +228,7 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
     latency = cluster.latency_matrix
     inverse_bw = cluster.inverse_bandwidth_matrix
     orders = list(tg.orders) + [None]
-    queued = _queued_tasks(tg)
+    queued = queued_tasks(tg)
     missing = list(tg.npreds)
     ready_at = [0.0] * n
     start = [0.0] * n
@@ -345,16 +345,6 @@ def _finished(tg: TaskGraph, start, end, transfers, dispatched, memory: bool) ->
     result = _result(tg, start, end, transfers, memory)
     result.dispatch_order = dispatched
     return result
-
-
-def _queued_tasks(tg: TaskGraph) -> list[bool]:
-    """Per task, whether it goes to its device's priority queue: all do, except the tasks a
-    device's order lists (auxiliary copies run as soon as they are ready)."""
-    queued = [True] * len(tg)
-    for order in tg.orders:
-        for t in order or ():
-            queued[t] = False
-    return queued
 
 
 def _deadlock(tg: TaskGraph, end: list[float]) -> SimulationError:

@@ -21,7 +21,7 @@ from .planchecks import attach_orders, resolve_plan
 from .ring import FUSION_BUFFER_BYTES, fusion_buffers
 from .tasknames import auxiliary_name, barrier_name, copy_name
 
-__all__ = ["TaskGraph", "build_task_graph", "AUXILIARY_ROLES"]
+__all__ = ["TaskGraph", "build_task_graph", "queued_tasks", "AUXILIARY_ROLES"]
 
 
 AUXILIARY_ROLES = ("split", "concat", "sum", "allreduce", "barrier")
@@ -115,6 +115,16 @@ class TaskGraph:
         self.shard.append(shard)
         self.priority.append(priority)
         return len(self.names) - 1
+
+
+def queued_tasks(tg: TaskGraph) -> list[bool]:
+    """Per task, whether it goes to its device's priority queue: all do, except the tasks a
+    device's order lists (auxiliary copies run as soon as they are ready)."""
+    queued = [True] * len(tg)
+    for order in tg.orders:
+        for t in order or ():
+            queued[t] = False
+    return queued
 
 
 def build_task_graph(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float | None = None) -> TaskGraph:

@@ -459,7 +459,8 @@ def test_where_no_plan_is_predicted_faster_the_default_placement_is_kept_untried
         report["candidates"]["default_placement"]
     said = [line for line in capsys.readouterr().out.splitlines() if "keeping the default placement" in line]
     assert said == [report["summary"]]
-    assert not callback.plan_in_force and "no plan is predicted enough faster" in callback.placement_report().summary()
+    summary = callback.placement_report().summary()
+    assert not callback.plan_in_force and "no plan is predicted enough faster" in summary
     assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
 
 
