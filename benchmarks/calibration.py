@@ -4,8 +4,9 @@ For each model, in one process of its own: plain Keras (the default placement), 
 ``FastTStrategy`` model per plan kind with that plan forced (a planner passed in) and kept
 (``drop_slower_plan=False``), plus ``FastTStrategy()`` as a user runs it (``plan()``'s pick,
 which may be "keep the default placement"). A first round profiles, plans and retraces; then
-``--rounds`` alternating rounds of ``--steps`` steps each; a setup's measured step is the
-median over rounds of each round's median step (its first step left out). Each FastT setup's
+``--rounds`` alternating rounds of ``--steps`` steps each, each round starting with another
+setup; a setup's measured step is the median over rounds of each round's median step (its first
+step left out). Each FastT setup's
 prediction is the simulator's, from that setup's own profile in ``fit``; the default
 placement's is the median of the ``default_placement`` candidate's over those profiles.
 
@@ -179,8 +180,8 @@ def worker(name: str, rounds: int, steps: int) -> dict:
                 continue
         usable.append(setup)
     measured = {s: [] for s in usable}
-    for _ in range(rounds):
-        for setup in usable:
+    for number in range(rounds):
+        for setup in usable[number % len(usable):] + usable[:number % len(usable)]:  # each round starts elsewhere
             measured[setup].append(statistics.median(fit(setup, steps + SETTLED)[SETTLED:]))
     default_predicted = statistics.median(defaults) if defaults else None
     for setup in usable:
@@ -196,8 +197,8 @@ def worker(name: str, rounds: int, steps: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(TESTBED + PATTERNS))
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:

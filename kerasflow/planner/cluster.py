@@ -336,7 +336,7 @@ class Cluster:
         for pool in self._shared:
             kept = tuple(d for d in pool.devices if d in names)
             if len(kept) > 1:
-                shared.append(SharedCompute(kept, pool.threads))
+                shared.append(dataclasses.replace(pool, devices=kept))
         return Cluster(devices, self._default, links, name=f"{self._name}[{len(names)}]", shared=shared)
 
     # ------------------------------------------------------------------ presets

@@ -92,5 +92,3 @@ class SharedCompute:
                                       f"'lanes'). Received: {data!r}")
         devices = data["devices"]
         return cls(tuple(devices) if isinstance(devices, list) else devices, data["threads"], data.get("lanes", 1))
-
-

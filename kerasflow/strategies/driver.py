@@ -14,7 +14,8 @@ step 0. ``PROFILING``: fit's own steps under TensorFlow's profiler, then the col
 profiler and planner make the plan. ``TRIAL``: the plan is in force and timed beside the default
 placement (``Trial``); its verdict keeps it (``PLANNED``), tries the runner-up once, or drops it.
 ``DEFAULT``: the planner kept the default placement (nothing was applied: no trial, no retrace),
-or ``Retreat`` took the model back to it. A failure anywhere warns once, naming the cause, and retreats; a plan given up front that fits another model raises.
+or ``Retreat`` took the model back to it. A failure anywhere warns once, naming the cause, and
+retreats; a plan given up front that fits another model raises.
 
 One owner of state: whenever Keras has control (after every step, before validation, evaluate,
 predict and every callback, at the end of ``fit``, after every switch) the model's own variables
