@@ -6,9 +6,9 @@ For each model, in one process of its own: plain Keras (the default placement), 
 which may be "keep the default placement"). A first round profiles, plans and retraces; then
 ``--rounds`` alternating rounds of ``--steps`` steps each, each round starting with another
 setup; a setup's measured step is the median over rounds of each round's median step (its first
-step left out). Each FastT setup's
-prediction is the simulator's, from that setup's own profile in ``fit``; the default
-placement's is the median of the ``default_placement`` candidate's over those profiles.
+step left out). Each FastT setup's prediction is the simulator's, from that setup's own profile
+in ``fit``; the default placement's is the median of the ``default_placement`` candidate's over
+those profiles.
 
 Per cell the error (predicted / measured - 1); per model the rank correlation (Spearman)
 between predicted and measured order over its setups, and whether ``plan()``'s pick measured
@@ -45,13 +45,15 @@ KINDS = {  # setup -> (planner candidate, split)
 SETTLED = 1  # steps left out at the start of each round's fit (the iterator's first batch)
 
 
-def spearman(xs: list[float], ys: list[float]) -> float:
-    """Spearman's rank correlation (ties get their average rank).
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (ties get their average rank); None for fewer than two pairs.
 
     Example:
         >>> spearman([1, 2, 3], [10, 30, 20])
         0.5
     """
+    if len(xs) < 2:
+        return None
     def ranks(values):
         order = sorted(range(len(values)), key=values.__getitem__)
         result = [0.0] * len(values)
@@ -86,6 +88,8 @@ def model_and_data(name: str, keras):
 
         pattern = next(p for p in ALL if p.name == name)
         model = pattern.build()
+        if not pattern.callable:
+            model.built = True  # Keras builds a model without call() under no strategy; under one, this does
         data = pattern.data()
         x, y = (data, None) if isinstance(data, np.ndarray) else (data[0], data[1])  # sample weights left out
         batch = pattern.fit_kwargs.get("batch_size", 32)
@@ -235,7 +239,7 @@ def main(argv=None) -> int:
         best = min(e["measured"] for s, e in setups.items() if "measured" in e)
         pick = setups.get("plan()", {})
         pick_gap = pick["measured"] / best - 1 if "measured" in pick else None
-        summary.append([name, f"{rho:.2f}", f"{pick.get('pick', '')}",
+        summary.append([name, f"{rho:.2f}" if rho is not None else "", f"{pick.get('pick', '')}",
                         f"{pick_gap * 100:+.1f}%" if pick_gap is not None else ""])
     print()
     print(f"Predicted against measured step time (ms), medians of {args.rounds} alternating rounds of "
