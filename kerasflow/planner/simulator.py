@@ -31,9 +31,9 @@ from .tasknames import replica_template
 
 __all__ = ["simulate", "run_task_graph", "SimulationResult", "Transfer", "STEP_OVERHEAD_FIELD"]
 
-# A profile's seconds per step spent outside the step's ops: the training loop's own time (Keras'
-# callbacks and logs, the input iterator), measured inside ``fit``. The same for every plan, it is
-# added to every simulated step.
+# A profile's seconds per step spent outside the step's ops: the training loop's own time around
+# each call of the train function (Keras' callbacks and logs), measured inside ``fit``. The same
+# for every plan, it is added to every simulated step.
 STEP_OVERHEAD_FIELD = "step_overhead_seconds"
 
 

@@ -137,16 +137,14 @@ class Driver:
                 self.profiled = ProfiledSteps(quiet=self.reporter.quiet)
             if self.phase is Phase.PROFILING:
                 self.profiled.enter()
+            if self.phase in (Phase.WARMING_UP, Phase.PROFILING):
+                self.loop.entered()
             self.placement.before_step()
         except Exception as error:  # noqa: BLE001 - never lose the user's training
             self.fail("profiling", error)
 
     def after_step(self) -> None:
         """After each call of the train function: plans, applies, reads back, judges."""
-        # fit's plain steps on the default placement: not step 0 (it traces), not the first
-        # profiled step (the profiler starts in it).
-        self.loop.ended(self.phase in (Phase.WARMING_UP, Phase.PROFILING) and self.step not in
-                        (0, self.options.warmup_steps))
         stage = "profiling"
         try:
             if self.profiled is not None:
@@ -173,6 +171,7 @@ class Driver:
         except Exception as error:  # noqa: BLE001 - never lose the user's training
             self.fail(stage, error)
         self.step += 1
+        self.loop.left()
 
     def end_fit(self) -> None:
         """``fit`` ended: a plan still being timed is judged on what was measured, or dropped."""
@@ -187,7 +186,7 @@ class Driver:
             self.model, self.inputs.tensors(), own_step=self.own_step, cluster=planning_cluster(self.options),
             kernel_times=times if _compat.steps_per_call(self.model) == 1 else None,  # a "step" may hold several
             options=self.options, collaborators=self.collaborators, reporter=self.reporter,
-            loop=self.loop)
+            loop_seconds=self.loop.seconds(_compat.steps_per_call(self.model)))
         confirm = self.options.drop_slower_plan and needs_confirmation(plan)
         if plan.algorithm != "default_placement":
             if self.options.drop_slower_plan and not confirm:

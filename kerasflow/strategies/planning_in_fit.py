@@ -24,7 +24,7 @@ __all__ = ["plan_in_fit", "may_replicate", "ProfiledSteps", "LoopTime", "given_p
 
 def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Cluster, options: Options,
                 collaborators: Collaborators, reporter: Reporter,
-                loop: LoopTime | None = None) -> tuple[OpGraph, list[Plan], PlanReport]:
+                loop_seconds: float | None = None) -> tuple[OpGraph, list[Plan], PlanReport]:
     """Profiles the model's own step at ``batch`` and plans it with the collaborators.
 
     Args:
@@ -36,9 +36,8 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
         options: the door's options.
         collaborators: the profiler and planner.
         reporter: where the phases and the plan's line are said.
-        loop: ``fit``'s own steps so far (``LoopTime``): the training loop's time per step beyond
-            the profile's plain step is recorded in the profile (``STEP_OVERHEAD_FIELD``), so that
-            every prediction is of ``fit``'s step.
+        loop_seconds: the training loop's own seconds per train step (``LoopTime``), recorded in
+            the profile (``STEP_OVERHEAD_FIELD``) so that every prediction is of ``fit``'s step.
 
     Returns:
         ``(graph, [best plan, *runners-up], report)``.
@@ -51,11 +50,9 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
             model, batch, device=options.devices[0], warmup_steps=1, steps=options.profile_steps,
             kernel_times=kernel_times, quiet=reporter.quiet, say=lambda message: say(f"kerasflow: {message}"),
             source="kerasflow in-fit profile")
-    plain = graph.metadata.get("plain_step_seconds")
-    overhead = loop.overhead(plain, _compat.steps_per_call(model)) if loop is not None and plain else None
-    if overhead is not None:
+    if loop_seconds is not None:
         graph = OpGraph(graph.ops, graph.edges, batch_size=graph.batch_size, name=graph.name,
-                        metadata={**graph.metadata, STEP_OVERHEAD_FIELD: overhead})
+                        metadata={**graph.metadata, STEP_OVERHEAD_FIELD: loop_seconds})
     say(f"kerasflow: planning for {len(options.devices)} devices")
     replicated = may_replicate(options, model, graph)
     plans = collaborators.planner(
@@ -100,37 +97,34 @@ def given_plan_mismatch(model, batch, own_step: Callable, plan: Plan) -> tuple[O
 
 
 class LoopTime:
-    """``fit``'s own step on the default placement: from the end of one call of the train function to
-    the end of the next, for the steps ``ended`` counts. Beside the profile's plain step it gives
-    the training loop's own time per step (Keras' callbacks and logs, the input iterator), which
-    the profile's runs of the traced step leave out.
+    """The training loop's own time: from the end of one call of the train function to the start of
+    the next (Keras' callbacks and logs), recorded while the steps run on the default placement.
 
     Example:
         >>> loop = LoopTime()
-        >>> for now, counted in ((0.0, False), (0.012, True), (0.030, False), (0.041, True)):
-        ...     loop.ended(counted, now)
-        >>> round(loop.overhead(plain_step=0.010, steps_per_call=1), 6)  # the median step, 11.5 ms, less 10 ms
-        0.0015
+        >>> for left, entered in ((0.0, 0.002), (0.010, 0.011), (0.020, 0.023)):
+        ...     loop.left(left); loop.entered(entered)
+        >>> loop.seconds(steps_per_call=1)
+        0.002
     """
 
     def __init__(self):
-        self._last: float | None = None
-        self.periods: list[float] = []
+        self._left_at: float | None = None
+        self.gaps: list[float] = []
 
-    def ended(self, counted: bool, now: float | None = None) -> None:
-        """A call of the train function ended (``now``: ``time.perf_counter()``); ``counted``: the
-        step since the previous end is one of fit's plain steps (not a trace, not a profiler's start)."""
+    def left(self, now: float | None = None) -> None:
+        """A call of the train function ended (``now``: ``time.perf_counter()``)."""
+        self._left_at = time.perf_counter() if now is None else now
+
+    def entered(self, now: float | None = None) -> None:
+        """A call of the train function starts."""
         now = time.perf_counter() if now is None else now
-        if counted and self._last is not None:
-            self.periods.append(now - self._last)
-        self._last = now
+        if self._left_at is not None:
+            self.gaps.append(now - self._left_at)
 
-    def overhead(self, plain_step: float, steps_per_call: int) -> float | None:
-        """Seconds per train step of ``fit``'s median counted step beyond ``steps_per_call`` plain
-        steps (at least 0; None when no step was counted)."""
-        if not self.periods:
-            return None
-        return max(0.0, statistics.median(self.periods) - plain_step * steps_per_call) / steps_per_call
+    def seconds(self, steps_per_call: int) -> float | None:
+        """The median gap per train step (None before two calls)."""
+        return statistics.median(self.gaps) / steps_per_call if self.gaps else None
 
 
 class ProfiledSteps:
