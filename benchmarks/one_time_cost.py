@@ -54,7 +54,7 @@ def worker(name: str, rounds: int) -> dict:
     import keras
     import tensorflow as tf
 
-    from kerasflow.strategies import Collaborators, stopwatch
+    from kerasflow.strategies.collaborators import Collaborators, stopwatch
 
     build, (args, kwargs), built = model_and_fit(name)
     results = {"model": name, "extra": [], "plan_seconds": [], "plans": [], "timed": []}
