@@ -7,7 +7,9 @@ skipped). At most the pool's ``threads`` tasks run at once; a device with an ord
 time, one without up to ``threads``. A device outside every pool, and the all-reduce ring, is a
 pool of its own that runs one task at a time: there the loop reproduces
 ``simulator.run_task_graph``'s timeline. Transfers are as in that loop: one at a time per
-directed link, once per destination device.
+directed link, once per destination device. The bookkeeping of readiness and transfers repeats
+that loop's rather than sharing helpers with it: that loop is the planner's hot path, inlined for
+speed, and stays as it was for clusters that share nothing.
 """
 
 from __future__ import annotations
