@@ -182,7 +182,7 @@ MUTATIONS = [
     Mutation("the default placement is kept only within the tie margin", "kerasflow/planner/planning.py",
              "    margin = max(tie_margin, PREDICTION_ERROR * measured)", "    margin = tie_margin"),
     Mutation("a profiled op's time among others is taken for its time alone", "kerasflow/profiling/xplane.py",
-             "            share = (time - since) * min(1.0, lanes / len(running))", "            share = time - since",
+             "            share = (at - since) * min(1.0, lanes / len(running))", "            share = at - since",
              ("kerasflow/profiling/xplane.py",)),
     Mutation("a plan predicted far faster than the default placement is timed anyway", "kerasflow/strategies/verdict.py",
              "    return default / plan.predicted_step_time - 1 <= TRUSTED_GAIN", "    return True",

@@ -194,12 +194,12 @@ def shared_seconds(events: list[tuple[int, str, str, int]], lanes: int) -> list[
     alone = [0.0] * len(events)
     running: set[int] = set()
     since = 0
-    for time, change, i in edges:
-        if running and time > since:
-            share = (time - since) * min(1.0, lanes / len(running))
+    for at, change, i in edges:
+        if running and at > since:
+            share = (at - since) * min(1.0, lanes / len(running))
             for j in running:
                 alone[j] += share
-        since = time
+        since = at
         if change > 0:
             running.add(i)
         else:
