@@ -44,13 +44,13 @@ def test_the_trials_numbers_are_a_3_percent_margin_a_5_percent_gain_and_three_ro
     assert (SLOWER_MARGIN, RUNNER_UP_GAIN, TIMED_ROUNDS) == (0.03, 0.05, 3)
 
 
-def test_a_plan_predicted_more_than_1_67x_faster_than_the_default_placement_needs_no_trial():
-    # Predicted 10 ms against the default placement's 16.7 ms: a gain of exactly 0.67 is timed.
+def test_a_plan_predicted_more_than_2_48x_faster_than_the_default_placement_needs_no_trial():
+    # Predicted 10 ms against the default placement's 24.8 ms: a gain of exactly 1.48 is timed.
     def plan(default):
         return Plan(placement={}, predicted_step_time=0.010, candidates={"default_placement": default})
 
-    assert TRUSTED_GAIN == 0.67
-    assert needs_confirmation(plan(0.0167)) and not needs_confirmation(plan(0.0168))
+    assert TRUSTED_GAIN == 1.48
+    assert needs_confirmation(plan(0.0248)) and not needs_confirmation(plan(0.0249))
     assert needs_confirmation(Plan(placement={}, predicted_step_time=0.010))  # no default priced: timed
 
 
