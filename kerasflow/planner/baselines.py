@@ -25,7 +25,7 @@ from .plan import DataParallel, Plan
 from .simulator import simulate
 from .graphtables import batch_ops
 
-__all__ = ["default_placement", "single_device", "data_parallel", "layerwise_model_parallel", "lower_bound",
+__all__ = ["DEFAULT_PLACEMENT", "default_placement", "best_other_than_the_default", "single_device", "data_parallel", "layerwise_model_parallel", "lower_bound",
            "LowerBound", "fastest_device", "with_prediction"]
 
 
@@ -57,6 +57,10 @@ def fastest_device(graph: OpGraph, cluster: Cluster, batch: float | None = None)
     return best
 
 
+# The default placement's name as a candidate and a plan's algorithm, written and read as this one name.
+DEFAULT_PLACEMENT = "default_placement"
+
+
 def default_placement(graph: OpGraph, cluster: Cluster, batch: int | None = None) -> Plan:
     """The default placement as a candidate: every op on the cluster's first device, no order.
 
@@ -72,8 +76,23 @@ def default_placement(graph: OpGraph, cluster: Cluster, batch: int | None = None
         (['/CPU:0'], 'default_placement', {})
     """
     device = cluster.device_names[0]
-    plan = Plan(placement={op.name: device for op in graph.ops}, batch_size=batch, algorithm="default_placement")
+    plan = Plan(placement={op.name: device for op in graph.ops}, batch_size=batch, algorithm=DEFAULT_PLACEMENT)
     return with_prediction(plan, graph, cluster, batch)
+
+
+def best_other_than_the_default(plan: Plan) -> tuple[str, float] | None:
+    """The candidate predicted fastest among ``plan.candidates`` but the default placement, and its
+    predicted step (None when there is none).
+
+    Example:
+        >>> best_other_than_the_default(Plan(candidates={"default_placement": 1.0, "heft": 0.9, "cpop": 1.2}))
+        ('heft', 0.9)
+    """
+    others = {name: seconds for name, seconds in plan.candidates.items() if name != DEFAULT_PLACEMENT}
+    if not others:
+        return None
+    best = min(others, key=others.get)
+    return best, others[best]
 
 
 def single_device(graph: OpGraph, cluster: Cluster, device: str | None = None,

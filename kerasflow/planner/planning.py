@@ -1,8 +1,8 @@
 """``plan()``: run every candidate strategy, keep the fastest that fits in memory (ties to the simplest).
 
-Candidates: the default placement (what TensorFlow runs without a plan), single device, data parallelism (on several hosts, also inside the strongest
-host; where the user allows it, also with each replica's own BatchNormalization statistics
-as ``MirroredStrategy`` computes them), layer-wise model parallelism, HEFT and CPOP (each
+Candidates: the default placement (what TensorFlow runs without a plan), single device, data
+parallelism (on several hosts, also inside the strongest host; where the user allows it, also
+with each replica's own BatchNormalization statistics as ``MirroredStrategy`` computes them), layer-wise model parallelism, HEFT and CPOP (each
 with op and with layer affinity), FastT's critical-path op splitting on top of the best list
 schedule, and waves: data parallelism on one copy of the weights (a wave per device),
 Tick-Tock data-parallel and model-parallel waves, and the best placement run as two waves.
@@ -11,8 +11,8 @@ trial order) predicted within ``TIE_MARGIN`` of the fastest, so that profile noi
 candidates by a few per cent, does not flip the plan from one profile to the next. The default
 placement comes first and, for a profile of measured costs, wins unless a plan is predicted
 faster by more than ``PREDICTION_ERROR``, the simulator's measured error band: then "keep the
-default placement" is the answer, and ``fit`` tries nothing. The winner's predicted step time is the simulator's
-figure for it, and it records every candidate's.
+default placement" is the answer, and ``fit`` tries nothing. The winner's predicted step time is
+the simulator's figure for it, and it records every candidate's.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from .ticktock import (
 )
 
 __all__ = ["plan", "ranked_plans", "candidate_plans", "strongest_host", "order_if_faster", "tie_margin_for",
-           "CANDIDATES", "PLANNED_CANDIDATES", "TICK_TOCK_MODES", "TIE_MARGIN", "NOISE_TIES", "MAX_TIE_MARGIN", "PREDICTION_ERROR"]
+           "CANDIDATES", "PLANNED_CANDIDATES", "TICK_TOCK_MODES", "TIE_MARGIN", "NOISE_TIES", "MAX_TIE_MARGIN",
+           "PREDICTION_ERROR"]
 
 TICK_TOCK_MODES = ("auto", "on", "off")
 
@@ -65,7 +66,7 @@ MAX_TIE_MARGIN = 0.15
 # less than this much faster than the default placement is not worth a switch.
 PREDICTION_ERROR = 0.10
 
-CANDIDATES = ("default_placement", "single_device", "data_parallel_replica_statistics", "data_parallel",
+CANDIDATES = (baselines.DEFAULT_PLACEMENT, "single_device", "data_parallel_replica_statistics", "data_parallel",
               "data_parallel_one_host", "layerwise_model_parallel", "heft", "heft-layers", "cpop", "cpop-layers")
 # Every candidate but the default placement: ``candidates=PLANNED_CANDIDATES`` returns a plan to
 # apply whatever it gains (a benchmark timing plans, a test forcing one).
@@ -214,7 +215,7 @@ def _waves_wanted(graph: OpGraph, tick_tock: str) -> bool:
 def _makers(graph: OpGraph, cluster: Cluster, batch: int, options: dict) -> dict[str, Callable[..., Plan]]:
     """Per candidate name, the function that builds it (list schedules take ``splits``)."""
     return {
-        "default_placement": lambda **_: baselines.default_placement(graph, cluster, batch=batch),
+        baselines.DEFAULT_PLACEMENT: lambda **_: baselines.default_placement(graph, cluster, batch=batch),
         "single_device": lambda **_: baselines.single_device(graph, cluster, batch=batch),
         "data_parallel": lambda **_: baselines.data_parallel(graph, cluster, batch=batch),
         # MirroredStrategy's math: each replica's BatchNormalization with its own share's statistics.
@@ -310,7 +311,7 @@ def _add_wave_candidates(graph: OpGraph, cluster: Cluster, batch: int, computed:
     consider("tick_tock_model_parallel", lambda: tick_tock_model_parallel(
         graph, cluster, batch=batch, base=computed.get("layerwise_model_parallel")))
     placed = {n: p for n, p in computed.items()
-              if p.data_parallel is None and n not in ("single_device", "default_placement")}
+              if p.data_parallel is None and n not in ("single_device", baselines.DEFAULT_PLACEMENT)}
     if placed:
         name = min(placed, key=lambda n: (placed[n].predicted_step_time, list(placed).index(n)))
         consider(f"{name}+waves", lambda: with_waves(placed[name], graph, cluster, batch=batch))
@@ -411,12 +412,12 @@ def ranked_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | No
                 "No plan with Tick-Tock waves fits the devices' memory. Ways out: more devices, a smaller "
                 "batch, or a larger memory_limit. Details: " + " | ".join(misfits))
     fastest = min(p.predicted_step_time for p in results.values())
-    default = results.get("default_placement")
+    default = results.get(baselines.DEFAULT_PLACEMENT)
     # Measured costs come with the error band calibration measured; datasheet ones with none known.
     measured = "plain_step_seconds" in graph.metadata
     margin = max(tie_margin, PREDICTION_ERROR * measured)
     if default is not None and default.predicted_step_time <= fastest * (1 + margin):
-        best_name = "default_placement"
+        best_name = baselines.DEFAULT_PLACEMENT
     else:
         best_name = next(n for n, p in results.items() if p.predicted_step_time <= fastest * (1 + tie_margin))
     others = sorted((n for n in results if n != best_name), key=lambda n: results[n].predicted_step_time)

@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from kerasflow import _compat
 from kerasflow.planner import OpGraph, Plan
+from kerasflow.planner.baselines import DEFAULT_PLACEMENT, best_other_than_the_default
 from kerasflow.planner.errors import InvalidPlanError
 from kerasflow.strategies.guarded import GuardedTrainFunction
 from kerasflow.strategies.collaborators import Collaborators
@@ -158,7 +159,7 @@ class Driver:
             elif self.phase is Phase.PROFILING and self.profiled.steps == self.options.profile_steps:
                 stage = "planning"
                 plan, trial = self._plan()
-                if plan.algorithm == "default_placement":
+                if plan.algorithm == DEFAULT_PLACEMENT:
                     self._keep_default(plan)
                 else:
                     stage = "rebuilding the step with the plan"
@@ -188,9 +189,9 @@ class Driver:
             options=self.options, collaborators=self.collaborators, reporter=self.reporter,
             loop_seconds=self.loop.seconds(_compat.steps_per_call(self.model)))
         confirm = self.options.drop_slower_plan and needs_confirmation(plan)
-        if plan.algorithm != "default_placement":
+        if plan.algorithm != DEFAULT_PLACEMENT:
             if self.options.drop_slower_plan and not confirm:
-                gain = plan.candidates["default_placement"] / plan.predicted_step_time
+                gain = plan.candidates[DEFAULT_PLACEMENT] / plan.predicted_step_time
                 self.reporter.say(f"kerasflow: the plan is predicted {gain:.2f}x faster than the default placement, "
                                   "beyond the simulator's measured error: it is not timed beside it")
             self.reporter.say("kerasflow: rebuilding the training step with the plan")
@@ -205,10 +206,9 @@ class Driver:
         self.inputs.stop()
         _compat.override(self.model, "train_step", self.own_step)
         self._go(Phase.DEFAULT)
-        others = {name: t for name, t in plan.candidates.items() if name != plan.algorithm}
-        best = min(others, key=others.get) if others else None
+        best = best_other_than_the_default(plan)
         self.fallback = "no plan is predicted enough faster" + (
-            f": the best, {best}, at {others[best] * 1e3:.2f} ms a step against its "
+            f": the best, {best[0]}, at {best[1] * 1e3:.2f} ms a step against its "
             f"{plan.predicted_step_time * 1e3:.2f} ms" if best else "")
 
     def _apply_given(self) -> None:
@@ -325,7 +325,7 @@ class Driver:
         """Ops off the plan, read back after the rebuild (None before a plan was applied)."""
         check, parts = self.placement, self.in_force_parts
         if self.fallback is not None:
-            kept = self.plan is not None and self.plan.algorithm == "default_placement"
+            kept = self.plan is not None and self.plan.algorithm == DEFAULT_PLACEMENT
             return PlacementReport(check.mismatches or [], in_force=False, fallback=self.fallback, default_kept=kept)
         if check.mismatches is None:
             return None

@@ -9,6 +9,7 @@ from typing import Callable
 from kerasflow import _compat
 from kerasflow.multihost import task_of
 from kerasflow.planner import Cluster, OpGraph, Plan
+from kerasflow.planner.baselines import DEFAULT_PLACEMENT
 from kerasflow.planner.planning import tie_margin_for
 from kerasflow.planner.simulator import STEP_OVERHEAD_FIELD
 from kerasflow.planner.ticktock import replica_coupled_ops
@@ -65,7 +66,7 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
     line = reporter.planned(best, graph, cluster, seconds, len(options.devices))
     report = PlanReport(plan_seconds=seconds, algorithm=best.algorithm, summary=line,
                         predicted_step_time=best.predicted_step_time, candidates=dict(best.candidates),
-                        predicted_default_step_time=best.candidates.get("default_placement"),
+                        predicted_default_step_time=best.candidates.get(DEFAULT_PLACEMENT),
                         tie_margin=tie_margin_for(graph))
     if options.log_dir:
         reporter.write_logs(options.log_dir, best, graph, cluster)

@@ -53,8 +53,9 @@ class PlacementReport(list):
 
     A list of ``PlacementMismatch`` (empty when every op ran where planned), with
     ``in_force`` (False once training went back to the default placement, or when the planner
-    kept it: ``default_kept``), ``fallback`` (why, else None), ``not_applied`` (the parts of the plan that are not running,
-    each with its reason: a per-device order TensorFlow refused, ops the plan has no device for)
+    kept it: ``default_kept``), ``fallback`` (why, else None), ``not_applied`` (the parts of the
+    plan that are not running, each with its reason: a per-device order TensorFlow refused, ops
+    the plan has no device for)
     and ``transfers`` (the ``ExecutedTransfer`` list of the step read back: what crossed devices).
 
     Example:

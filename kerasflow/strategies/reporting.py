@@ -54,7 +54,7 @@ class Reporter:
     def planned(self, plan: Plan, graph: OpGraph, cluster: Cluster, seconds: float, devices: int) -> str:
         """The one line after planning: algorithm, predicted step, ratios to the baselines; or, when
         the default placement is kept, the best plan's predicted step beside the default's."""
-        if plan.algorithm == "default_placement":
+        if plan.algorithm == baselines.DEFAULT_PLACEMENT:
             return self.kept_default(plan, seconds, devices)
         single = plan.candidates.get("single_device")
         parallel = baselines.data_parallel(graph, cluster).predicted_step_time
@@ -77,12 +77,11 @@ class Reporter:
             >>> print(Reporter(verbose=0).kept_default(default, 2.5, 4))
             kerasflow: 4 devices, planned in 2.5s: keeping the default placement (predicted 10.00 ms a step); the best plan, heft, is predicted at 9.50 ms, not enough faster to be worth a switch
         """
-        others = {name: t for name, t in plan.candidates.items() if name != "default_placement"}
+        best = baselines.best_other_than_the_default(plan)
         line = (f"kerasflow: {devices} devices, planned in {seconds:.1f}s: keeping the default placement (predicted "
                 f"{plan.predicted_step_time * 1e3:.2f} ms a step)")
-        if others:
-            best = min(others, key=others.get)
-            line += (f"; the best plan, {best}, is predicted at {others[best] * 1e3:.2f} ms, not enough faster to be "
+        if best:
+            line += (f"; the best plan, {best[0]}, is predicted at {best[1] * 1e3:.2f} ms, not enough faster to be "
                      "worth a switch")
         self.say(line)
         return line

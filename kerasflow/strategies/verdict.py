@@ -2,7 +2,8 @@
 
 The trial's numbers are stated here, once: a plan predicted faster than the default placement by
 more than ``TRUSTED_GAIN`` needs no trial (``needs_confirmation``); otherwise a plan more than
-``SLOWER_MARGIN`` slower than the default placement (the median of ``TIMED_ROUNDS`` alternating rounds) gives way; the best other
+``SLOWER_MARGIN`` slower than the default placement (the median of ``TIMED_ROUNDS`` alternating
+rounds) gives way; the best other
 candidate by ``planner.rerank`` is tried in its place when it is expected more than
 ``RUNNER_UP_GAIN`` faster than the default placement (a switch costs a retrace and another
 timing), else the plan is dropped. A ``fit`` that ends before the timing does is judged on the
@@ -15,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from kerasflow.planner.baselines import DEFAULT_PLACEMENT
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.rerank import rerank, same_kind
 
-__all__ = ["Verdict", "judge", "needs_confirmation", "SLOWER_MARGIN", "RUNNER_UP_GAIN", "TIMED_ROUNDS", "TRUSTED_GAIN"]
+__all__ = ["Verdict", "judge", "needs_confirmation", "SLOWER_MARGIN", "RUNNER_UP_GAIN", "TIMED_ROUNDS",
+           "TRUSTED_GAIN"]
 
 # The median ratio of alternating rounds still varies by a few percent on a shared machine.
 SLOWER_MARGIN = 0.03
@@ -57,7 +60,7 @@ def needs_confirmation(plan: Plan) -> bool:
         >>> needs_confirmation(Plan(predicted_step_time=0.010, candidates={"default_placement": 0.030}))
         False
     """
-    default = plan.candidates.get("default_placement")
+    default = plan.candidates.get(DEFAULT_PLACEMENT)
     if not default or not plan.predicted_step_time:
         return True
     return default / plan.predicted_step_time - 1 <= TRUSTED_GAIN
