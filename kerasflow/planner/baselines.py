@@ -22,11 +22,11 @@ from .cluster import Cluster
 from .errors import InvalidPlanError
 from .graph import OpGraph
 from .plan import DataParallel, Plan
-from .simulator import simulate
+from .simulator import SimulationResult, simulate
 from .graphtables import batch_ops
 
 __all__ = ["DEFAULT_PLACEMENT", "default_placement", "best_other_than_the_default", "single_device", "data_parallel", "layerwise_model_parallel", "lower_bound",
-           "LowerBound", "fastest_device", "with_prediction"]
+           "LowerBound", "fastest_device", "with_prediction", "with_result"]
 
 
 def with_prediction(plan: Plan, graph: OpGraph, cluster: Cluster, batch: int | None = None) -> Plan:
@@ -39,7 +39,22 @@ def with_prediction(plan: Plan, graph: OpGraph, cluster: Cluster, batch: int | N
         True
     """
     batch = batch or plan.batch_size or graph.batch_size
-    result = simulate(graph, cluster, plan, batch=batch)
+    return with_result(plan, graph, cluster, batch, simulate(graph, cluster, plan, batch=batch))
+
+
+def with_result(plan: Plan, graph: OpGraph, cluster: Cluster, batch: int, result: SimulationResult) -> Plan:
+    """``plan`` with its predicted step time and peak memory from ``result``, a simulation of it
+    at ``batch`` (``with_prediction`` without the simulation), and its provenance.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
+        >>> one = single_device(graph, cluster)
+        >>> batch = graph.batch_size
+        >>> with_result(one, graph, cluster, batch, simulate(graph, cluster, one, batch=batch)) == with_prediction(
+        ...     one, graph, cluster, batch)
+        True
+    """
     return dataclasses.replace(
         plan, batch_size=batch, predicted_step_time=result.makespan,
         predicted_peak_memory=dict(result.peak_memory), graph_fingerprint=graph.fingerprint(),

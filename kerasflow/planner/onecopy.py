@@ -13,7 +13,6 @@ tries it only where it tries waves.
 
 from __future__ import annotations
 
-from . import baselines
 from .cluster import Cluster
 from .errors import InvalidPlanError
 from .graph import OpGraph
@@ -24,13 +23,15 @@ __all__ = ["one_copy_data_parallel"]
 
 
 def one_copy_data_parallel(graph: OpGraph, cluster: Cluster, devices: list[str] | None = None,
-                           batch: int | None = None) -> Plan:
+                           batch: int | None = None, unless_slower_than: float | None = None) -> Plan | None:
     """One wave per device over the whole model, the weights on the first device (see the module).
 
     Args:
         graph, cluster: what it is for.
         devices: the devices to run waves on (default: all; the first holds the weights).
         batch: the batch (default: the graph's); each device takes an equal share.
+        unless_slower_than: as for ``ticktock.with_waves``: None, unsimulated, when the busiest
+            device alone works longer.
 
     Raises:
         InvalidPlanError: fewer than two devices, or a device the cluster does not have.
@@ -47,10 +48,10 @@ def one_copy_data_parallel(graph: OpGraph, cluster: Cluster, devices: list[str] 
         raise InvalidPlanError(f"one_copy_data_parallel needs two or more of the cluster's devices "
                                f"({cluster.device_names}). Received: devices={devices}")
     home = devices[0]
-    base = baselines.single_device(graph, cluster, home, batch=batch)
+    base = Plan(placement={op.name: home for op in graph.ops}, batch_size=batch)  # waves get their own order
     # Wave w's map rotates the devices by w (a stage map is a permutation): what the
     # single-device plan runs on the first device, wave w runs on device w.
     stage_maps = tuple({devices[i]: devices[(i + w) % len(devices)] for i in range(len(devices))} if w else {}
                        for w in range(len(devices)))
     return with_waves(base, graph, cluster, count=len(devices), offset="none", stage_maps=stage_maps,
-                      batch=batch, algorithm="one_copy_data_parallel")
+                      batch=batch, algorithm="one_copy_data_parallel", unless_slower_than=unless_slower_than)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from itertools import repeat
 from typing import Any, Mapping, Sequence
 
 from . import _jsonio
@@ -210,7 +211,7 @@ class Plan:
         object.__setattr__(self, "placement", _Frozen(self.placement))
         orders = {}
         for device, names in self.order.items():
-            if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+            if isinstance(names, str) or not isinstance(names, Sequence) or not all(map(isinstance, names, repeat(str))):
                 raise InvalidPlanError(f"order[{device!r}] must be a list of task names; received {names!r:.80}.")
             orders[device] = tuple(names)
         object.__setattr__(self, "order", _Frozen(orders))

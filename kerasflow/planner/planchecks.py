@@ -143,12 +143,23 @@ def _splits(graph: OpGraph, cluster: Cluster, plan: Plan, is_batch: list[bool]) 
     return shards_of_layer
 
 
-def attach_orders(tg, cluster: Cluster, plan: Plan) -> None:
+def attach_orders(tg, cluster: Cluster, plan: Plan, *, causal: bool = False) -> None:
     """Sets ``tg.orders`` from ``plan.order``, checking each device's order lists exactly its op
-    tasks once and that no order runs a task before one it depends on."""
+    tasks once and that no order runs a task before one it depends on.
+
+    ``causal=True`` skips the second check, for orders read from a simulation of these tasks
+    (``SimulationResult.start_order``): each device's tasks in the order they started, every
+    one after its inputs ended, cannot contradict the data flow.
+    """
     if not plan.order:
         return
-    ids = {name: t for t, name in enumerate(tg.names) if tg.role[t] == "op"}
+    ids = {}
+    expected: list[list[int]] = [[] for _ in tg.devices]
+    for t, (name, role, resource) in enumerate(zip(tg.names, tg.role, tg.resource)):
+        if role == "op":
+            ids[name] = t
+            if 0 <= resource < len(expected):
+                expected[resource].append(t)
     for device, names in plan.order.items():
         d = device_index(cluster, device, "order")
         seen = []
@@ -163,16 +174,16 @@ def attach_orders(tg, cluster: Cluster, plan: Plan) -> None:
                     f"order[{device!r}] lists task {name!r}, which runs on "
                     f"{tg.devices[tg.resource[t]]!r}. List each task in its own device's order.")
             seen.append(t)
-        expected = [t for t in range(len(tg)) if tg.resource[t] == d and tg.role[t] == "op"]
-        if len(set(seen)) != len(seen) or sorted(seen) != expected:
-            missing = sorted(set(expected) - set(seen))
+        if len(set(seen)) != len(seen) or sorted(seen) != expected[d]:
+            missing = sorted(set(expected[d]) - set(seen))
             detail = (f"it misses {[tg.names[t] for t in missing[:3]]}" if missing
                       else "it lists a task twice")
             raise InvalidPlanError(
-                f"order[{device!r}] must list each of the device's {len(expected)} tasks once; "
+                f"order[{device!r}] must list each of the device's {len(expected[d])} tasks once; "
                 f"{detail}. Replan, or drop the order to run by priority.")
         tg.orders[d] = seen
-    _check_orders_acyclic(tg)
+    if not causal:
+        _check_orders_acyclic(tg)
 
 
 def _check_orders_acyclic(tg) -> None:

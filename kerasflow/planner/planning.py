@@ -78,16 +78,21 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
                     memory_headroom: float = DEFAULT_MEMORY_HEADROOM, max_split_evaluations: int = 48,
                     candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True,
                     replica_statistics: bool = False, progress: Callable[[str], None] | None = None,
-                    verbose=True) -> tuple[dict[str, Plan], list[str]]:
+                    verbose=True, skip_slower: bool = False) -> tuple[dict[str, Plan], list[str]]:
     """Every candidate plan that fits in memory, simulated (arguments as for ``plan``).
 
     ``replicated=False`` leaves out the strategies that replicate the whole step per device
     (data parallelism, plain or with waves), for runtimes that execute one replica.
     ``data_parallel_replica_statistics`` is tried only with ``replica_statistics=True`` and
     for a graph with synchronized BatchNormalization layers (otherwise it is ``data_parallel``).
+    ``skip_slower=True`` (what ``plan`` does) does not simulate a wave candidate whose busiest
+    device alone works longer than the fastest plan found before it takes
+    (``taskgraph.busiest_device_seconds``): it could be neither the fastest nor the choice.
+    Not with ``tick_tock="on"`` (the choice is among wave plans then) nor on shared compute.
 
     Returns:
-        ``(plans by candidate name in trial order, one line per candidate that did not fit)``.
+        ``(plans by candidate name in trial order, one line per candidate that did not fit or
+        was skipped)``.
 
     Example:
         >>> from kerasflow.planner import synthetic
@@ -123,7 +128,7 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
     computed: dict[str, Plan] = {}
     misfits: list[str] = []
 
-    def consider(name: str, make: Callable[[], Plan]) -> None:
+    def consider(name: str, make: Callable[[], Plan | None]) -> None:
         try:
             candidate = make()
         except InsufficientMemoryError as error:
@@ -132,15 +137,25 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
         except InvalidPlanError as error:  # not applicable to this graph (e.g. no layers)
             misfits.append(f"{name}: not applicable: {error}")
             return
-        computed[name] = candidate
-        if fits(candidate):
-            results[name] = candidate
+        if candidate is None:  # a wave candidate slower than the fastest plan, unsimulated
+            misfits.append(f"{name}: not simulated: its busiest device alone works longer than the fastest "
+                           f"plan found ({fastest_so_far() * 1e3:.3f} ms)")
         else:
-            peak = max(candidate.predicted_peak_memory.values())
-            misfits.append(f"{name}: simulated peak {peak / 2**20:,.1f} MiB exceeds the budget")
+            computed[name] = candidate
+            if fits(candidate):
+                results[name] = candidate
+            else:
+                peak = max(candidate.predicted_peak_memory.values())
+                misfits.append(f"{name}: simulated peak {peak / 2**20:,.1f} MiB exceeds the budget")
         bar.update(1)
         if progress is not None:
             progress(name)
+
+    def fastest_so_far() -> float | None:
+        """The bound wave candidates must beat to be simulated, when ``skip_slower`` applies."""
+        if not (skip_slower and results) or tick_tock == "on" or cluster.shared:
+            return None
+        return min(p.predicted_step_time for p in results.values())
 
     bar = progress_bar(len(candidates) + (max_split_evaluations + 1 if split else 0) + (4 if waves_wanted else 0),
                        "kerasflow: planning", verbose)
@@ -160,7 +175,7 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
                 progress(f"{base_name}+split")
     try:
         if waves_wanted:
-            _add_wave_candidates(graph, cluster, batch, computed, consider, replicated)
+            _add_wave_candidates(graph, cluster, batch, computed, consider, replicated, fastest_so_far)
     finally:
         bar.close()
     if not results:
@@ -295,26 +310,31 @@ def strongest_host(cluster: Cluster) -> list[str]:
 
 
 def _add_wave_candidates(graph: OpGraph, cluster: Cluster, batch: int, computed: dict[str, Plan],
-                         consider: Callable[[str, Callable[[], Plan]], None], replicated: bool = True) -> None:
+                         consider: Callable[[str, Callable[[], Plan | None]], None], replicated: bool,
+                         to_beat: Callable[[], float | None]) -> None:
     """Wave candidates: data parallelism on one copy of the weights, Tick-Tock data-parallel and
     model-parallel waves, and the best placement found so far (FastT's, split or not, whether
-    it fit or not) run as two waves."""
+    it fit or not) run as two waves; each left unsimulated when its busiest device alone works
+    longer than ``to_beat()`` seconds (None: always simulated)."""
     if len(cluster) < 2:
         base = computed.get("single_device") or baselines.single_device(graph, cluster, batch=batch)
         consider("single_device+waves", lambda: with_waves(base, graph, cluster, batch=batch))
         return
     # One copy of the weights, one wave per device: data parallelism the one-replica runtime runs.
-    consider("one_copy_data_parallel", lambda: one_copy_data_parallel(graph, cluster, batch=batch))
+    consider("one_copy_data_parallel",
+             lambda: one_copy_data_parallel(graph, cluster, batch=batch, unless_slower_than=to_beat()))
     if replicated:
         consider("tick_tock_data_parallel",
-                 lambda: tick_tock_data_parallel(graph, cluster, batch=batch, base=computed.get("data_parallel")))
+                 lambda: tick_tock_data_parallel(graph, cluster, batch=batch, base=computed.get("data_parallel"),
+                                                 unless_slower_than=to_beat()))
     consider("tick_tock_model_parallel", lambda: tick_tock_model_parallel(
-        graph, cluster, batch=batch, base=computed.get("layerwise_model_parallel")))
+        graph, cluster, batch=batch, base=computed.get("layerwise_model_parallel"), unless_slower_than=to_beat()))
     placed = {n: p for n, p in computed.items()
               if p.data_parallel is None and n not in ("single_device", baselines.DEFAULT_PLACEMENT)}
     if placed:
         name = min(placed, key=lambda n: (placed[n].predicted_step_time, list(placed).index(n)))
-        consider(f"{name}+waves", lambda: with_waves(placed[name], graph, cluster, batch=batch))
+        consider(f"{name}+waves",
+                 lambda: with_waves(placed[name], graph, cluster, batch=batch, unless_slower_than=to_beat()))
 
 
 def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None, split: bool = True,
@@ -404,7 +424,8 @@ def ranked_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | No
     results, misfits = candidate_plans(
         graph, cluster, batch_size=batch_size, split=split, tick_tock=tick_tock, memory_limit=memory_limit,
         memory_headroom=memory_headroom, max_split_evaluations=max_split_evaluations, candidates=candidates,
-        replicated=replicated, replica_statistics=replica_statistics, progress=progress, verbose=verbose)
+        replicated=replicated, replica_statistics=replica_statistics, progress=progress, verbose=verbose,
+        skip_slower=True)
     if tick_tock == "on":
         results = {n: p for n, p in results.items() if p.waves is not None}
         if not results:

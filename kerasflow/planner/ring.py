@@ -21,6 +21,7 @@ not per weight.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 __all__ = ["RingSend", "FUSION_BUFFER_BYTES", "fusion_buffers", "ring_chunks", "ring_schedule", "ring_transfers",
@@ -58,17 +59,29 @@ def fusion_buffers(sizes: list[float], limit: float = FUSION_BUFFER_BYTES) -> li
         >>> fusion_buffers([10, 60, 30, 50], limit=100)
         [[1, 2, 0], [3]]
     """
+    # First fit over a tree of the buffers' free room (each node the most room below it), so a
+    # step of 100k gradients finds each one's buffer in log time rather than by a scan.
+    leaves = 1
+    while leaves < len(sizes):
+        leaves *= 2
+    room = [-math.inf] * (2 * leaves)
     buffers: list[list[int]] = []
-    room: list[float] = []
     for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         size = sizes[index]
-        slot = next((b for b, free in enumerate(room) if size <= free), None)
-        if slot is None:
+        node = 1
+        if room[1] >= size:
+            while node < leaves:  # down to the leftmost buffer with room for it
+                node = 2 * node if room[2 * node] >= size else 2 * node + 1
+        else:
+            node = leaves + len(buffers)
             buffers.append([])
-            room.append(limit)
-            slot = len(buffers) - 1
-        buffers[slot].append(index)
-        room[slot] -= size
+            room[node] = limit
+        buffers[node - leaves].append(index)
+        room[node] -= size
+        node //= 2
+        while node:
+            room[node] = max(room[2 * node], room[2 * node + 1])
+            node //= 2
     return buffers
 
 

@@ -11,7 +11,6 @@ inputs give the same figures.
 
 from __future__ import annotations
 
-import gc
 import heapq
 import json
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ._gc import collector_paused
 from ._jsonio import check_number
 from .cluster import Cluster
 from .errors import SimulationError
@@ -29,7 +29,7 @@ from .sharedloop import run_shared
 from .taskgraph import TaskGraph, build_task_graph, queued_tasks
 from .tasknames import replica_template
 
-__all__ = ["simulate", "run_task_graph", "SimulationResult", "Transfer", "STEP_OVERHEAD_FIELD"]
+__all__ = ["simulate", "simulate_tasks", "run_task_graph", "SimulationResult", "Transfer", "STEP_OVERHEAD_FIELD"]
 
 # A profile's seconds per step spent outside the step's ops: the training loop's own time around
 # each call of the train function (Keras' callbacks and logs), measured inside ``fit``. The same
@@ -76,6 +76,12 @@ class SimulationResult:
             outputs from their producer's start to their last consumer's end, temp
             bytes during the op).
         memory_timeline: per device ``(times, bytes live after each time)``.
+        start_order_replays: whether the same tasks run again with ``start_order()`` as every
+            device's order would make the same choices, hence this very timeline. A device
+            with an order still runs its ready auxiliary copies (a split, a concat, a sum)
+            before the next task of its order; this holds when no op started on a device while
+            such a copy waited there. Never on shared compute, which runs devices with an
+            order one task at a time and those without several.
 
     Example:
         >>> from kerasflow.planner import Cluster, Plan, simulate, synthetic
@@ -101,6 +107,7 @@ class SimulationResult:
     task_wave: list[int] = field(default_factory=list, repr=False)
     dispatch_order: list[int] = field(default_factory=list, repr=False)
     ring_transfers: list[Transfer] = field(default_factory=list, repr=False)
+    start_order_replays: bool = field(default=False, repr=False)
 
     def times(self) -> dict[str, tuple[float, float]]:
         """Task name -> ``(start, end)``."""
@@ -187,19 +194,30 @@ def simulate(graph: OpGraph, cluster: Cluster, plan: Plan, *, batch: float | Non
         >>> abs(one.makespan - graph.total_work("K80")) < 1e-12
         True
     """
-    # The run allocates millions of small tuples but creates no reference cycles; pausing
-    # the cyclic garbage collector meanwhile saves its repeated scans of the whole heap.
     if batch is not None:
         check_number(batch, "batch", SimulationError, kind="positive", fix="pass the batch to price")
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        result = run_task_graph(build_task_graph(graph, cluster, plan, batch), cluster, memory=memory)
-        result.makespan += step_overhead(graph)
-        return result
-    finally:
-        if collecting:
-            gc.enable()
+    return simulate_tasks(graph, cluster, build_task_graph(graph, cluster, plan, batch), memory=memory)
+
+
+def simulate_tasks(graph: OpGraph, cluster: Cluster, tasks: TaskGraph, *, memory: bool = True) -> SimulationResult:
+    """Simulates a step already expanded by ``build_task_graph`` (which ``simulate`` does first).
+
+    A task graph is never changed by a run, so one built once can be run again, e.g. with
+    orders attached (``planchecks.attach_orders``) after a run without them.
+
+    Example:
+        >>> from kerasflow.planner import Cluster, Plan, synthetic
+        >>> from kerasflow.planner.taskgraph import build_task_graph
+        >>> graph, cluster = synthetic.chain_mlp(layers=3), Cluster.preset("2xK80-pcie")
+        >>> plan = Plan(placement={o.name: "/GPU:0" for o in graph.ops})
+        >>> tasks = build_task_graph(graph, cluster, plan)
+        >>> simulate_tasks(graph, cluster, tasks).makespan == simulate(graph, cluster, plan).makespan
+        True
+    """
+    with collector_paused():
+        result = run_task_graph(tasks, cluster, memory=memory)
+    result.makespan += step_overhead(graph)
+    return result
 
 
 def step_overhead(graph: OpGraph) -> float:
@@ -218,7 +236,7 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
     ``sharedloop.run_shared``."""
     if cluster.shared:
         start, end, transfers, dispatched = run_shared(tg, cluster)
-        return _finished(tg, start, end, transfers, dispatched, memory)
+        return _finished(tg, start, end, transfers, dispatched, memory, replays=False)
     n = len(tg)
     num_devices = len(tg.devices)
     resource = tg.resource
@@ -244,12 +262,20 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
     seq = 0
     woken: list[int] = []
     dispatched: list[int] = []  # device tasks in the order they started (ties kept causal)
+    # Per device, its auxiliary copies waiting in its queue; whether an op ever started past one.
+    is_copy = [role != "op" for role in tg.role]
+    copies_waiting = [0] * (num_devices + 1)
+    op_passed_a_copy = False
 
     def dispatch(r: int, now: float) -> None:
-        nonlocal seq
+        nonlocal seq, op_passed_a_copy
         queue = queues[r]
         if queue:
             t = pop(queue)[1]
+            if is_copy[t]:
+                copies_waiting[r] -= 1
+            elif copies_waiting[r]:
+                op_passed_a_copy = True
         else:
             order = orders[r]
             if order is None:
@@ -274,6 +300,7 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
             push(events, (now, seq, c))
         elif queued[c]:
             push(queues[r], (priority[c], c))
+            copies_waiting[r] += is_copy[c]
             woken.append(r)
         else:
             is_ready[c] = True
@@ -336,14 +363,15 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
                     dispatch(r, now)
             woken.clear()
 
-    return _finished(tg, start, end, transfers, dispatched, memory)
+    return _finished(tg, start, end, transfers, dispatched, memory, replays=not op_passed_a_copy)
 
 
-def _finished(tg: TaskGraph, start, end, transfers, dispatched, memory: bool) -> SimulationResult:
+def _finished(tg: TaskGraph, start, end, transfers, dispatched, memory: bool, replays: bool) -> SimulationResult:
     if any(e < 0 for e in end):
         raise _deadlock(tg, end)
     result = _result(tg, start, end, transfers, memory)
     result.dispatch_order = dispatched
+    result.start_order_replays = replays
     return result
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ._gc import collector_paused
 from .cluster import Cluster
 from .graph import Affine, OpGraph
 from .graphtables import batch_statistics, durations, folded_ops, static_tables
@@ -21,7 +22,7 @@ from .planchecks import attach_orders, resolve_plan
 from .ring import FUSION_BUFFER_BYTES, fusion_buffers
 from .tasknames import auxiliary_name, barrier_name, copy_name
 
-__all__ = ["TaskGraph", "build_task_graph", "queued_tasks", "AUXILIARY_ROLES"]
+__all__ = ["TaskGraph", "build_task_graph", "busiest_device_seconds", "queued_tasks", "AUXILIARY_ROLES"]
 
 
 AUXILIARY_ROLES = ("split", "concat", "sum", "allreduce", "barrier")
@@ -141,7 +142,33 @@ def build_task_graph(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float 
             colocation group, splits a layer that cannot be split, or orders tasks
             against the data flow.
     """
-    return _Builder(graph, cluster, plan, batch).build()
+    with collector_paused():
+        return _Builder(graph, cluster, plan, batch).build()
+
+
+def busiest_device_seconds(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float | None = None) -> float:
+    """The most seconds of op work any one device of ``plan`` runs, its copies for waves, shards
+    and replicas included, summed without building the tasks. A device runs one task at a time
+    unless it shares compute, so there no simulation of the plan ends sooner (plus the
+    profile's step overhead): a bound to rule a plan out before building and simulating it.
+
+    Raises:
+        InvalidPlanError: as ``build_task_graph``.
+
+    Example:
+        >>> from kerasflow.planner import Cluster, Plan, synthetic
+        >>> graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
+        >>> plan = Plan(placement={o.name: "/GPU:1" for o in graph.ops})
+        >>> abs(busiest_device_seconds(graph, cluster, plan) - graph.total_work("K80")) < 1e-12
+        True
+    """
+    builder = _Builder(graph, cluster, plan, batch)
+    builder.resolve()
+    work = [0.0] * len(cluster)
+    ops = graph.ops
+    for _, i, device, batch_share, _, _ in builder.op_copies():
+        work[device] += builder._duration(ops[i], device, batch_share)
+    return max(work)
 
 
 class _Builder:
@@ -150,19 +177,23 @@ class _Builder:
         self.batch = float(batch or plan.batch_size or graph.batch_size)
         self.devices = cluster.devices
         self.tg = TaskGraph(cluster.device_names)
-
-    @property
-    def rank(self) -> list[int]:
-        """Each op's position in topological order (the priority of its tasks), built once per graph."""
-        return static_tables(self.graph, self.batch)["priority"]
+        # Each op's position in topological order (the priority of its tasks), built once per graph.
+        self.rank: list[int] = static_tables(graph, self.batch)["priority"]
 
     # ------------------------------------------------------------------ building
-    def build(self) -> TaskGraph:
+    def resolve(self) -> None:
+        """Checks the plan and reads where each op goes, its copies and the replicas."""
         checked = resolve_plan(self.graph, self.cluster, self.plan)
         self.is_batch, self.place, self.replica_devices = checked.is_batch, checked.place, checked.replica_devices
-        self.folded = folded_ops(self.graph)
         self.shards_of_layer, self.stage_maps = checked.shards_of_layer, checked.stage_maps
         self.wave_count, self.wave_fraction = checked.wave_count, checked.wave_fraction
+        self.dp = self.plan.data_parallel is not None
+        self.replicas = self.replica_devices if self.dp else [None]
+        self.replica_batch = self.batch / len(self.replicas)
+
+    def build(self) -> TaskGraph:
+        self.resolve()
+        self.folded = folded_ops(self.graph)
         plan = self.plan
         simple = plan.data_parallel is None and not plan.splits and self.wave_count == 1
         if simple:
@@ -171,6 +202,27 @@ class _Builder:
             self._build_general()
         attach_orders(self.tg, self.cluster, plan)
         return self.tg
+
+    def op_copies(self):
+        """Every op task of the plan as ``(replica, op, device, batch, wave, shard)``: replica by
+        replica, ops in topological order, a batch op's copies wave by wave and shard by shard
+        (wave and shard -1 for an op that runs once per replica, replica -1 without replicas).
+        What ``_build_general`` builds and ``busiest_device_seconds`` sums."""
+        ops, dp = self.graph.ops, self.dp
+        for r, replica_device in enumerate(self.replicas):
+            replica = r if dp else -1
+            for i in self.graph._structure.topo:
+                home = replica_device if dp else self.place[i]
+                if not self.is_batch[i]:
+                    yield replica, i, home, self.replica_batch, -1, -1
+                    continue
+                shards = None if dp else self.shards_of_layer.get(ops[i].layer)
+                for w in range(self.wave_count):
+                    wave_batch = self.replica_batch * self.wave_fraction[w]
+                    stage = self.stage_maps[w]
+                    for s, (shard_device, fraction) in enumerate(shards or ((home, 1.0),)):
+                        device = stage.get(shard_device, shard_device) if stage else shard_device
+                        yield replica, i, device, wave_batch * fraction, w, s if shards else -1
 
     def _duration(self, op, device: int, batch: float) -> float:
         d = self.devices[device]
@@ -216,10 +268,9 @@ class _Builder:
     def _build_general(self) -> None:
         graph, tg, plan = self.graph, self.tg, self.plan
         ops = graph.ops
-        dp = plan.data_parallel is not None
-        replicas = self.replica_devices if dp else [None]
-        replica_batch = self.batch / len(replicas)
+        dp = self.dp
         if dp:
+            replicas = self.replicas
             names = [self.cluster.device_names[d] for d in replicas]
             self.ring_link = self.cluster.subset(names).slowest_link() if len(replicas) > 1 else None
             self.ring_size = len(replicas)
@@ -232,45 +283,32 @@ class _Builder:
                 # where they share compute: there each replica slows the others.
                 tg.mirrors = replicas[1:]
                 tg.replica_home = replicas[0]
-                replicas = replicas[:1]
+                self.replicas = replicas[:1]
+        replicas = self.replicas
         # Per replica: task of each non-batch op, and per batch op per wave a list of
         # (task, batch) per shard.
-        single: list[dict[int, int]] = []
-        copies: list[dict[int, list[list[tuple[int, float]]]]] = []
+        single: list[dict[int, int]] = [{} for _ in replicas]
+        copies: list[dict[int, list[list[tuple[int, float]]]]] = [{} for _ in replicas]
         self.signature: dict[int, tuple] = {}
-        order = graph._structure.topo
-        for r, rdev in enumerate(replicas):
-            single.append({})
-            copies.append({})
-            for i in order:
-                op = ops[i]
-                home = rdev if dp else self.place[i]
-                if not self.is_batch[i]:
-                    t = tg.add(copy_name(op.name, replica=r if dp else -1), i, "op", home, self._duration(op, home, replica_batch),
-                               tuple(b.at(replica_batch) for b in op.output_bytes),
-                               op.temp_bytes.at(replica_batch), float(op.persistent_bytes),
-                               self.rank[i], replica=r if dp else -1, size=replica_batch)
-                    single[r][i] = t
-                    continue
-                shards = None if dp else self.shards_of_layer.get(op.layer)
-                self.signature[i] = shards or ()
-                per_wave = []
-                for w in range(self.wave_count):
-                    wbatch = replica_batch * self.wave_fraction[w]
-                    stage = self.stage_maps[w]
-                    tasks = []
-                    for s, (sdev, frac) in enumerate(shards or ((home, 1.0),)):
-                        device = stage.get(sdev, sdev) if stage else sdev
-                        b = wbatch * frac
-                        name = copy_name(op.name, replica=r if dp else -1, wave=w if self.wave_count > 1 else -1,
-                                         shard=s if shards else -1)
-                        t = tg.add(name, i, "op", device, self._duration(op, device, b),
-                                   tuple(x.at(b) for x in op.output_bytes), op.temp_bytes.at(b),
-                                   0.0, self._wave_priority(i, w), wave=w, replica=r if dp else -1,
-                                   shard=s if shards else -1, size=b)
-                        tasks.append((t, b))
-                    per_wave.append(tasks)
-                copies[r][i] = per_wave
+        waved = self.wave_count > 1
+        for replica, i, device, batch_share, w, s in self.op_copies():
+            op, r = ops[i], max(replica, 0)
+            if w < 0:
+                single[r][i] = tg.add(copy_name(op.name, replica=replica), i, "op", device,
+                                      self._duration(op, device, batch_share),
+                                      tuple(b.at(batch_share) for b in op.output_bytes),
+                                      op.temp_bytes.at(batch_share), float(op.persistent_bytes),
+                                      self.rank[i], replica=replica, size=batch_share)
+                continue
+            per_wave = copies[r].get(i)
+            if per_wave is None:
+                per_wave = copies[r][i] = [[] for _ in range(self.wave_count)]
+                self.signature[i] = (None if dp else self.shards_of_layer.get(op.layer)) or ()
+            name = copy_name(op.name, replica=replica, wave=w if waved else -1, shard=s)
+            t = tg.add(name, i, "op", device, self._duration(op, device, batch_share),
+                       tuple(x.at(batch_share) for x in op.output_bytes), op.temp_bytes.at(batch_share),
+                       0.0, self._wave_priority(i, w), wave=w, replica=replica, shard=s, size=batch_share)
+            per_wave[w].append((t, batch_share))
         self.single, self.copies = single, copies
         self.statistics = batch_statistics(graph) if dp else None
         self.synchronized = dp and plan.synchronizes_statistics

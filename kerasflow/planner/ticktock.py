@@ -21,7 +21,9 @@ from .cluster import Cluster
 from .errors import InvalidPlanError
 from .graph import OpGraph
 from .plan import Plan, Waves
-from .simulator import simulate
+from .planchecks import attach_orders
+from .simulator import simulate_tasks, step_overhead
+from .taskgraph import build_task_graph, busiest_device_seconds
 from .graphtables import batch_ops, batch_statistics
 
 __all__ = ["batch_coupled_ops", "replica_coupled_ops", "with_waves", "tick_tock_data_parallel", "tick_tock_model_parallel",
@@ -56,7 +58,8 @@ def replica_coupled_ops(graph: OpGraph) -> list[str]:
 
 
 def with_waves(plan: Plan, graph: OpGraph, cluster: Cluster, *, count: int = 2, offset: str = "forward",
-               stage_maps: tuple = (), batch: int | None = None, algorithm: str | None = None) -> Plan:
+               stage_maps: tuple = (), batch: int | None = None, algorithm: str | None = None,
+               unless_slower_than: float | None = None) -> Plan | None:
     """``plan`` run as ``count`` waves, with each device's order taken from the simulation.
 
     Args:
@@ -67,6 +70,9 @@ def with_waves(plan: Plan, graph: OpGraph, cluster: Cluster, *, count: int = 2, 
         stage_maps: per wave, a device -> device map (the tock wave's reversed stages).
         batch: the batch (default: the plan's, then the graph's).
         algorithm: the name to record (default: the plan's, suffixed ``+waves``).
+        unless_slower_than: seconds: return None, unsimulated, when the plan's busiest device
+            alone works longer (``taskgraph.busiest_device_seconds``; never on shared compute,
+            where that is no bound).
 
     Example:
         >>> from kerasflow.planner import Cluster, synthetic
@@ -74,21 +80,33 @@ def with_waves(plan: Plan, graph: OpGraph, cluster: Cluster, *, count: int = 2, 
         >>> waved = with_waves(baselines.single_device(graph, cluster), graph, cluster)
         >>> waved.waves.count, waved.algorithm
         (2, 'single_device+waves')
+        >>> with_waves(baselines.single_device(graph, cluster), graph, cluster, unless_slower_than=1e-9) is None
+        True
     """
     batch = batch or plan.batch_size or graph.batch_size
     waved = dataclasses.replace(plan, order={}, waves=Waves(count, offset, tuple(stage_maps)), batch_size=batch,
                                 algorithm=algorithm or f"{plan.algorithm}+waves", candidates={})
+    if (unless_slower_than is not None and not cluster.shared
+            and busiest_device_seconds(graph, cluster, waved, batch) + step_overhead(graph) > unless_slower_than):
+        return None
+    tasks = build_task_graph(graph, cluster, waved, batch)
+    result = simulate_tasks(graph, cluster, tasks)
     if waved.data_parallel is None:
-        order = simulate(graph, cluster, waved, batch=batch, memory=False).start_order()
-        waved = dataclasses.replace(waved, order=order)
-    return baselines.with_prediction(waved, graph, cluster, batch)
+        # The order each device ran in by priority; run again in it where that could change the timeline.
+        waved = dataclasses.replace(waved, order=result.start_order())
+        if not result.start_order_replays:
+            attach_orders(tasks, cluster, waved, causal=True)
+            result = simulate_tasks(graph, cluster, tasks)
+    return baselines.with_result(waved, graph, cluster, batch, result)
 
 
 def tick_tock_data_parallel(graph: OpGraph, cluster: Cluster, devices: list[str] | None = None,
-                            batch: int | None = None, base: Plan | None = None) -> Plan:
+                            batch: int | None = None, base: Plan | None = None,
+                            unless_slower_than: float | None = None) -> Plan | None:
     """Data parallelism where every device runs both waves of its shard (one all-reduce per step).
 
-    ``base`` reuses a data-parallel plan already made for these devices.
+    ``base`` reuses a data-parallel plan already made for these devices; ``unless_slower_than``
+    as for ``with_waves``.
 
     Example:
         >>> from kerasflow.planner import Cluster, synthetic
@@ -97,7 +115,8 @@ def tick_tock_data_parallel(graph: OpGraph, cluster: Cluster, devices: list[str]
         (2, 4)
     """
     base = base or baselines.data_parallel(graph, cluster, devices, batch)
-    return with_waves(base, graph, cluster, batch=batch, algorithm="tick_tock_data_parallel")
+    return with_waves(base, graph, cluster, batch=batch, algorithm="tick_tock_data_parallel",
+                      unless_slower_than=unless_slower_than)
 
 
 def _stages(graph: OpGraph, cluster: Cluster, stages: int | None, batch: int | None,
@@ -112,12 +131,14 @@ def _stages(graph: OpGraph, cluster: Cluster, stages: int | None, batch: int | N
 
 
 def tick_tock_model_parallel(graph: OpGraph, cluster: Cluster, stages: int | None = None,
-                             batch: int | None = None, base: Plan | None = None) -> Plan:
+                             batch: int | None = None, base: Plan | None = None,
+                             unless_slower_than: float | None = None) -> Plan | None:
     """Layer-wise model parallelism in Tick-Tock: stage i runs on device i in the tick wave and
     on device S-1-i in the tock wave.
 
     Each stage's weights stay on the tick device; the tock copy reads them across the link
-    and its gradient is summed with the tick's before the one update.
+    and its gradient is summed with the tick's before the one update. ``unless_slower_than``
+    as for ``with_waves``.
 
     Example:
         >>> from kerasflow.planner import Cluster, synthetic
@@ -128,7 +149,7 @@ def tick_tock_model_parallel(graph: OpGraph, cluster: Cluster, stages: int | Non
     base, order = _stages(graph, cluster, stages, batch, base)
     reverse = {device: order[len(order) - 1 - i] for i, device in enumerate(order)}
     return with_waves(base, graph, cluster, stage_maps=({}, reverse), batch=batch,
-                      algorithm="tick_tock_model_parallel")
+                      algorithm="tick_tock_model_parallel", unless_slower_than=unless_slower_than)
 
 
 def pipeline(graph: OpGraph, cluster: Cluster, micro_batches: int = 2, stages: int | None = None,

@@ -169,3 +169,26 @@ def test_mirrored_strategys_statistics_are_tried_only_when_allowed_and_win_a_tie
     # Without synchronized layers the two would be one plan: not tried twice.
     plain = plan(normalization(()), two, split=False, tick_tock="off", replica_statistics=True, verbose=0)
     assert "data_parallel_replica_statistics" not in plain.candidates
+
+
+def test_skipping_wave_candidates_slower_than_the_fastest_changes_no_choice():
+    from kerasflow.planner import synthetic
+    from kerasflow.planner.planning import candidate_plans, ranked_plans
+
+    skipped_any = False
+    for graph, preset in ((synthetic.random_layered(400, width=8, seed=3, kinds=["V100"]), "4xV100-nvlink"),
+                          (synthetic.chain_mlp(layers=4), "2xK80-pcie"),
+                          (synthetic.inception_like(blocks=2), "8xH100-nvlink")):
+        every, _ = candidate_plans(graph, preset, split=False, verbose=0)
+        kept, lines = candidate_plans(graph, preset, split=False, verbose=0, skip_slower=True)
+        fastest = min(p.predicted_step_time for p in kept.values())
+        assert fastest == min(p.predicted_step_time for p in every.values())
+        skipped = [line.split(":")[0] for line in lines if "not simulated" in line]
+        skipped_any = skipped_any or bool(skipped)
+        for name in skipped:  # what was skipped simulates slower than the fastest, as its bound said
+            assert every[name].predicted_step_time > fastest
+        for name, candidate in kept.items():
+            if name in every:
+                assert candidate.predicted_step_time == every[name].predicted_step_time
+        assert ranked_plans(graph, preset, split=False, verbose=0)[0].algorithm in every
+    assert skipped_any

@@ -122,3 +122,23 @@ def test_gradients_after_another_update_get_buffers_of_their_own():
     times = result.times()
     assert sorted(name for name in times if name.endswith("@allreduce")) == ["gd:0@allreduce", "gg:0@allreduce"]
     assert times["gg:0@allreduce"][0] >= times["apply_d@r0"][1]
+
+
+def test_fusion_buffers_are_first_fit_largest_first_on_many_random_gradients():
+    def first_fit(sizes, limit):  # the rule, by a plain scan of the buffers
+        buffers, room = [], []
+        for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+            slot = next((b for b, free in enumerate(room) if sizes[index] <= free), None)
+            if slot is None:
+                buffers.append([])
+                room.append(limit)
+                slot = len(buffers) - 1
+            buffers[slot].append(index)
+            room[slot] -= sizes[index]
+        return buffers
+
+    rng = random.Random(7)
+    for _ in range(500):
+        sizes = [rng.choice([rng.uniform(0, 130), float(rng.randrange(0, 60)), 100.0, 0.0])
+                 for _ in range(rng.randrange(0, 80))]
+        assert fusion_buffers(sizes, limit=100) == first_fit(sizes, 100)

@@ -1,5 +1,6 @@
 """Known-answer and invariant tests of the step simulator; every figure computed by hand."""
 
+import dataclasses
 import json
 
 import pytest
@@ -11,7 +12,8 @@ from kerasflow.planner import (
     synthetic,
 )
 from kerasflow.planner.graphtables import weight_bound_layers
-from kerasflow.planner.taskgraph import build_task_graph
+from kerasflow.planner.simulator import run_task_graph
+from kerasflow.planner.taskgraph import TaskGraph, build_task_graph
 from tests.planner.helpers import cluster, normalization, op
 
 
@@ -452,3 +454,65 @@ def test_a_malformed_list_of_normalization_layers_is_refused_naming_it():
     with pytest.raises(InvalidGraphError, match=r"metadata\['synchronized_layers'\] must be a list of layer names.*"
                                                r"Received: synchronized_layers='bn'"):
         simulate(normalization(synchronized_layers="bn"), cluster(2), plan)
+
+
+def _one_device_three_tasks(copy_priority):
+    """A (1 s) feeds op B (1 s, priority 1) and a split copy S (1 s) on the one device."""
+    tg = TaskGraph(["/D:0"])
+    a = tg.add("a", 0, "op", 0, 1.0, (4.0,), 0.0, 0.0, 0)
+    b = tg.add("b", 1, "op", 0, 1.0, (), 0.0, 0.0, 1)
+    s = tg.add("a:0/split", -1, "split", 0, 1.0, (), 0.0, 0.0, copy_priority)
+    tg.outputs[a].append((0, 4.0, [b, s]))
+    tg.npreds[b] = tg.npreds[s] = 1
+    return tg, b, s
+
+
+def test_an_op_started_while_a_copy_waited_means_its_start_order_would_not_replay():
+    one = cluster(1)
+    tg, b, s = _one_device_three_tasks(copy_priority=5)
+    by_priority = run_task_graph(tg, one)
+    assert (by_priority.task_start[b], by_priority.task_start[s]) == (1.0, 2.0)  # b's priority wins
+    assert not by_priority.start_order_replays
+    tg.orders = [[0, b]]  # the same start order, fixed: a ready copy runs before the order's next task
+    ordered = run_task_graph(tg, one)
+    assert (ordered.task_start[b], ordered.task_start[s]) == (2.0, 1.0)
+
+
+def test_where_no_op_passed_a_waiting_copy_the_start_order_replays_the_same_timeline():
+    one = cluster(1)
+    tg, b, s = _one_device_three_tasks(copy_priority=0.5)
+    by_priority = run_task_graph(tg, one)
+    assert by_priority.start_order_replays
+    tg.orders = [[0, b]]
+    ordered = run_task_graph(tg, one)
+    assert (ordered.task_start, ordered.task_end) == (by_priority.task_start, by_priority.task_end)
+
+
+def test_shared_compute_never_claims_a_replay():
+    shared = Cluster.preset("logical-cpus:2")
+    graph = synthetic.chain_mlp(layers=2)
+    result = simulate(graph, shared, Plan(placement={o.name: shared.device_names[0] for o in graph.ops}))
+    assert not result.start_order_replays
+
+
+@pytest.mark.parametrize("preset", ["4xV100-nvlink", "2xK80-pcie", "8xH100-nvlink"])
+def test_wave_plans_that_claim_a_replay_replay_exactly(preset):
+    from kerasflow.planner.onecopy import one_copy_data_parallel
+    from kerasflow.planner.planchecks import attach_orders
+    from kerasflow.planner.ticktock import tick_tock_model_parallel
+
+    cluster_ = Cluster.preset(preset)
+    claims = {True: 0, False: 0}
+    for graph in (synthetic.chain_mlp(layers=4), synthetic.inception_like(blocks=2),
+                  synthetic.transformer_like(blocks=2)):
+        for made in (one_copy_data_parallel(graph, cluster_), tick_tock_model_parallel(graph, cluster_)):
+            unordered = dataclasses.replace(made, order={})
+            tasks = build_task_graph(graph, cluster_, unordered)
+            first = run_task_graph(tasks, cluster_)
+            claims[first.start_order_replays] += 1
+            attach_orders(tasks, cluster_, dataclasses.replace(unordered, order=first.start_order()))
+            again = run_task_graph(tasks, cluster_)
+            if first.start_order_replays:
+                assert (again.task_start, again.task_end, again.peak_memory) == (
+                    first.task_start, first.task_end, first.peak_memory)
+    assert claims[True] > 0  # the claim is exercised

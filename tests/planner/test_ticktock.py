@@ -205,3 +205,44 @@ def test_the_tock_waves_forward_pass_waits_for_the_tick_waves():
     assert tick_tock.times()["f1@w1"] == (3.0, 5.0) and tick_tock.makespan == 7.0
     piped = simulate(graph, cluster(2), Plan(placement=placement, waves=Waves(2, offset="none")))
     assert piped.times()["f1@w1"] == (2.0, 4.0) and piped.makespan == 6.0
+
+
+def _op_seconds_per_device(tasks):
+    work = {}
+    for t in range(len(tasks)):
+        if tasks.role[t] == "op":
+            work[tasks.resource[t]] = work.get(tasks.resource[t], 0.0) + tasks.duration[t]
+    return max(work.values())
+
+
+@pytest.mark.parametrize("preset", ["4xV100-nvlink", "2xK80-pcie"])
+def test_the_busiest_device_bound_sums_the_op_tasks_a_plan_builds_and_bounds_its_step(preset):
+    from kerasflow.planner import Shard
+    from kerasflow.planner.onecopy import one_copy_data_parallel
+    from kerasflow.planner.taskgraph import build_task_graph, busiest_device_seconds
+
+    cluster_ = Cluster.preset(preset)
+    first, second = cluster_.device_names[:2]
+    graph = synthetic.chain_mlp(layers=4)
+    layers = sorted({o.layer for o in graph.ops if o.layer and o.layer.startswith("dense")})
+    split = Plan(placement={o.name: first for o in graph.ops},
+                 splits={layers[0]: [Shard(first, 0.25), Shard(second, 0.75)]})
+    plans = [baselines.layerwise_model_parallel(graph, cluster_), baselines.data_parallel(graph, cluster_),
+             one_copy_data_parallel(graph, cluster_), tick_tock_model_parallel(graph, cluster_),
+             tick_tock_data_parallel(graph, cluster_), split,
+             with_waves(split, graph, cluster_)]
+    for made in plans:
+        bound = busiest_device_seconds(graph, cluster_, made)
+        assert bound == pytest.approx(_op_seconds_per_device(build_task_graph(graph, cluster_, made)), rel=1e-12)
+        assert bound <= simulate(graph, cluster_, made).makespan * (1 + 1e-12)
+
+
+def test_a_wave_plan_whose_busiest_device_alone_is_slower_is_not_simulated():
+    graph, two = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
+    base = baselines.single_device(graph, two)
+    waved = with_waves(base, graph, two)
+    assert with_waves(base, graph, two, unless_slower_than=waved.predicted_step_time * 1.01) is not None
+    # Both waves on one device do its work and a fixed cost per kernel more: more than that device alone.
+    assert with_waves(base, graph, two, unless_slower_than=base.predicted_step_time) is None
+    cpus = Cluster.preset("logical-cpus:2")  # shared compute: the busiest device's work is no bound there
+    assert with_waves(baselines.single_device(graph, cpus), graph, cpus, unless_slower_than=1e-12) is not None
