@@ -226,6 +226,7 @@ def static_tables(graph: OpGraph, batch: float) -> dict:
         "priority": rank,
         "size": [float(batch)] * n,
         "memory_tables": None,
+        "derived": {},
     }
     graph._structure.cache[key] = table
     return table

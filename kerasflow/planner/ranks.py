@@ -95,18 +95,25 @@ def average_link(cluster: Cluster) -> tuple[float, float]:
 
 
 def predecessors(tg: TaskGraph) -> list[list[tuple[int, float]]]:
-    """Per task, ``(producer, bytes)`` for each incoming edge."""
-    preds: list[list[tuple[int, float]]] = [[] for _ in range(len(tg))]
-    for p, entries in enumerate(tg.outputs):
-        for _, nbytes, consumers in entries:
-            for c in consumers:
-                preds[c].append((p, nbytes))
+    """Per task, ``(producer, bytes)`` for each incoming edge (kept in ``tg.derived``: read only)."""
+    preds = tg.derived.get("predecessors")
+    if preds is None:
+        preds = [[] for _ in range(len(tg))]
+        for p, entries in enumerate(tg.outputs):
+            for _, nbytes, consumers in entries:
+                for c in consumers:
+                    preds[c].append((p, nbytes))
+        tg.derived["predecessors"] = preds
     return preds
 
 
 def topological_tasks(tg: TaskGraph) -> list[int]:
-    """Task ids with every producer before its consumers (depth-first, ties by task id)."""
-    return topological_order(task_successors(tg), tg.npreds)[0]
+    """Task ids with every producer before its consumers (depth-first, ties by task id; kept in
+    ``tg.derived``: read only)."""
+    order = tg.derived.get("topological")
+    if order is None:
+        order = tg.derived["topological"] = topological_order(task_successors(tg), tg.npreds)[0]
+    return order
 
 
 def task_successors(tg: TaskGraph) -> list[list[int]]:

@@ -62,6 +62,9 @@ class TaskGraph:
             gradients (an embedding's), which the ring gathers instead of summing.
         memory_tables, shared: tables the simulator's memory pass builds once, and the
             per-graph cache they are kept in when the tasks are the graph's own ops.
+        derived: tables read off the tasks' edges alone (not their devices or durations),
+            kept on first use (``ranks.topological_tasks``, ``ranks.predecessors``): in the
+            per-graph cache when the tasks are the graph's own ops, so every such plan shares them.
     """
 
     def __init__(self, devices: Sequence[str]):
@@ -84,6 +87,7 @@ class TaskGraph:
         self.orders: list[list[int] | None] = [None] * len(self.devices)
         self.memory_tables = None
         self.shared: dict | None = None
+        self.derived: dict = {}
         self.mirrors: list[int] = []
         self.replica_home = -1
         self.ring_devices: list[str] = []
@@ -241,6 +245,7 @@ class _Builder:
             setattr(tg, field, static[field])
         tg.shared = static
         tg.memory_tables = static["memory_tables"]
+        tg.derived = static["derived"]
         place = self.place
         tg.resource = place
         devices = self.devices
@@ -316,9 +321,26 @@ class _Builder:
         self.splitters: dict[tuple, int] = {}
         self.allreduces: dict[tuple[int, int], int] = {}
         self.reductions: dict[tuple[int, int], tuple[Affine, list[int]]] = {}
+        # An op with one task (one replica and one wave, not split) sends another such op its
+        # output as computed: one plain edge, without the general case (but for a variable's
+        # handle passed to a batch op, which sends the weights: see ``_connect``).
+        one_task = [-1] * len(ops)
+        if not dp and self.wave_count == 1:
+            for i, t in single[0].items():
+                one_task[i] = t
+            for i, per_wave in copies[0].items():
+                if len(per_wave[0]) == 1:
+                    one_task[i] = per_wave[0][0][0]
+        is_batch, out_sizes, edge = self.is_batch, tg.out_sizes, self._edge
         for p, outs in enumerate(graph._structure.outputs):
             for k, consumers in outs:
                 for c in consumers:
+                    src, dst = one_task[p], one_task[c]
+                    if src >= 0 and dst >= 0:
+                        sent = out_sizes[src][k] if k >= 0 else 0.0
+                        if sent or k < 0 or is_batch[p] or not is_batch[c] or not ops[p].persistent_bytes:
+                            edge(src, k, sent, dst)
+                            continue
                     for r in range(len(replicas)):
                         self._connect(p, k, c, r, dp)
         self._build_allreduces()
