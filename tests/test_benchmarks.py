@@ -37,3 +37,14 @@ def test_the_report_regenerates_from_the_cache(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("vgg16") and "x" in line)
     assert "yes" in row  # FastT never worse than the best baseline
 
+
+
+def test_planner_speed_times_two_checkouts_in_alternating_pairs():
+    # This checkout against itself: both plan the same graph the same way.
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "planner_speed.py"), "--sizes", "200",
+                          "--devices", "2", "--split-limit", "200", "--rounds", "2", "--against", ROOT],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [line.split() for line in run.stdout.splitlines() if "|" not in line and line.endswith("same")]
+    assert [row[2] for row in rows] == ["no", "yes"]  # without and with splitting, the same plan
+    assert all(float(row[5]) > 0 for row in rows)  # the ratio of the pairs' medians

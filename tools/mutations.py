@@ -187,6 +187,14 @@ MUTATIONS = [
     Mutation("a plan predicted far faster than the default placement is timed anyway", "kerasflow/strategies/verdict.py",
              "    return default / plan.predicted_step_time - 1 <= TRUSTED_GAIN", "    return True",
              VERDICT_TESTS),
+    Mutation("a priority run always claims its start order replays", "kerasflow/planner/simulator.py",
+             "            elif copies_waiting[r]:", "            elif False:"),
+    Mutation("wave candidates are skipped below the fastest plan, not above", "kerasflow/planner/ticktock.py",
+             "            and busiest_device_seconds(graph, cluster, waved, batch) + step_overhead(graph) > unless_slower_than):",
+             "            and busiest_device_seconds(graph, cluster, waved, batch) + step_overhead(graph) < unless_slower_than):"),
+    Mutation("a device's work is its last op task's, not their sum", "kerasflow/planner/taskgraph.py",
+             "        work[device] += builder._duration(ops[i], device, batch_share)",
+             "        work[device] = builder._duration(ops[i], device, batch_share)"),
 ]
 
 
