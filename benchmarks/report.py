@@ -60,6 +60,13 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
+def without_waves(plans: dict) -> dict:
+    """Predicted seconds of the plans that run the batch at once: no Tick-Tock, no ``+waves``, and
+    no data parallelism on one copy of the weights (a wave per device), which ``plan()`` tries only
+    where it tries waves (models without BatchNormalization)."""
+    return {name: p.predicted_step_time for name, p in plans.items() if p.waves is None}
+
+
 def predicted(graph, preset: str) -> dict:
     """Every strategy's predicted step time for one (workload, preset), and the planner's times."""
     cluster = Cluster.preset(preset)
@@ -72,7 +79,7 @@ def predicted(graph, preset: str) -> dict:
         full, _ = candidate_plans(graph, cluster, split=True, tick_tock="on", verbose=0)
     with_split = time.perf_counter() - started
     seconds = {name: p.predicted_step_time for name, p in full.items()}
-    placed = {n: t for n, t in seconds.items() if "waves" not in n and not n.startswith("tick_tock")}
+    placed = without_waves(full)
     fastt_name = min(placed, key=placed.get)
     # plan() (tick_tock="auto") uses waves only without BatchNormalization; plan(replicated=False)
     # (what FastTStrategy plans inside fit for a model with its own train_step or with

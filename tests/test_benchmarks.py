@@ -48,3 +48,14 @@ def test_planner_speed_times_two_checkouts_in_alternating_pairs():
     rows = [line.split() for line in run.stdout.splitlines() if "|" not in line and line.endswith("same")]
     assert [row[2] for row in rows] == ["no", "yes"]  # without and with splitting, the same plan
     assert all(float(row[5]) > 0 for row in rows)  # the ratio of the pairs' medians
+
+
+def test_the_report_counts_one_copy_data_parallel_among_the_plans_with_waves():
+    import report
+    from kerasflow.planner import DataParallel, Plan, Waves
+
+    plans = {"data_parallel": Plan(data_parallel=DataParallel(("/GPU:0", "/GPU:1")), predicted_step_time=2.0),
+             "one_copy_data_parallel": Plan(waves=Waves(2, "none"), predicted_step_time=1.0),
+             "heft+waves": Plan(waves=Waves(2), predicted_step_time=0.5)}
+    # For a model with BatchNormalization plan() tries no waves: FastT, plan() and 1 replica are chosen from these.
+    assert report.without_waves(plans) == {"data_parallel": 2.0}

@@ -6,7 +6,8 @@ with each replica's own BatchNormalization statistics as ``MirroredStrategy`` co
 with op and with layer affinity), FastT's critical-path op splitting on top of the best list
 schedule, and waves: data parallelism on one copy of the weights (a wave per device),
 Tick-Tock data-parallel and model-parallel waves, and the best placement run as two waves.
-Each candidate is judged by the simulator; the winner is the simplest candidate (earliest in
+Each candidate is judged by the simulator (a wave candidate whose busiest device alone works
+longer than the fastest plan found before it is not built: it could not win); the winner is the simplest candidate (earliest in
 trial order) predicted within ``TIE_MARGIN`` of the fastest, so that profile noise, which moves near-tied
 candidates by a few per cent, does not flip the plan from one profile to the next. The default
 placement comes first and, for a profile of measured costs, wins unless a plan is predicted
@@ -374,7 +375,7 @@ def plan(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = Non
 
     Returns:
         The chosen ``Plan``: ``predicted_step_time`` is the simulator's figure for it and
-        ``candidates`` maps every strategy that fits to its predicted step time. The same
+        ``candidates`` maps every strategy simulated that fits to its predicted step time. The same
         inputs give the same plan, byte for byte.
 
     Raises:
