@@ -306,6 +306,29 @@ def compute_loss(model: Any, x, y, prediction, sample_weight):
     return model.compute_loss(x, y, prediction, sample_weight)
 
 
+def compiled_loss(model: Any) -> Any:
+    """The object whose ``call(y_true, y_pred, sample_weight)`` computes the compiled loss, inside
+    the ``compile_loss`` name scope its ``__call__`` opens: Keras 3's ``CompileLoss``. None for a
+    model compiled without a loss, and for tf-keras, whose compiled loss kerasflow does not split."""
+    return getattr(model, "_compile_loss", None) if flavor(model) == "keras3" else None
+
+
+def loss_combines_by_share(model: Any, masked: bool) -> bool:
+    """Whether shards of the batch, each computing the compiled loss of its rows, give the whole
+    batch's loss when weighted by their share of it: every loss is one ``is_splittable_loss``
+    accepts, and (``masked``) no prediction it scores carries a mask (a masked mean divides by
+    the unmasked entries of the whole batch). False where the losses cannot be read."""
+    from kerasflow.profiling.splittable import is_splittable_loss
+
+    losses = getattr(compiled_loss(model), "_flat_losses", None)
+    return bool(losses) and not masked and all(is_splittable_loss(entry[1]) for entry in losses)
+
+
+def carries_mask(structure: Any) -> bool:
+    """Whether a tensor of ``structure`` (a model's predictions) carries a Keras mask."""
+    return any(getattr(t, "_keras_mask", None) is not None for t in tf.nest.flatten(structure))
+
+
 @contextlib.contextmanager
 def loss_trackers_counting(model: Any, share):
     """While inside (at trace time), the compiled loss' per-output trackers count an update Keras

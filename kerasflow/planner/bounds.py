@@ -34,7 +34,7 @@ from .cluster import Cluster
 from .graph import OpGraph
 from .planning import strongest_host
 from .splitting import splittable_layers
-from .graphtables import batch_ops
+from .graphtables import batch_ops, split_groups
 from .ticktock import batch_coupled_ops, tick_tock_data_parallel
 
 __all__ = ["StepTimeBound", "step_time_bound"]
@@ -107,7 +107,7 @@ class _OpCosts:
         self.count = len(cluster)
         self.is_batch = batch_ops(graph)
         splittable = splittable_layers(graph) if self.count > 1 else set()
-        self.splits = [self.is_batch[i] and op.layer in splittable for i, op in enumerate(graph.ops)]
+        self.splits = [self.is_batch[i] and layer in splittable for i, layer in enumerate(split_groups(graph))]
         self.fixed, self.per_batch = [], []
         for op in graph.ops:
             options = [(cost.fixed / d.speed, cost.per_sample * batch / d.speed)

@@ -15,7 +15,7 @@ from .graph import OpGraph
 
 __all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "BatchStatistics", "batch_ops",
            "batch_statistics", "folded_ops", "variable_groups", "weight_bound_layers", "colocation_groups",
-           "static_tables", "durations"]
+           "static_tables", "durations", "LOSS_GROUP", "split_groups", "is_loss_op", "group_ops"]
 
 BATCH_PHASES = ("forward", "backward")
 
@@ -24,6 +24,58 @@ BATCH_PHASES = ("forward", "backward")
 # like any batch op; a copy away from the variable computes with the weights read for it
 # and sent to its device (the runtime's ``weights_read_here``).
 WEIGHT_READING_LOOPS = frozenset({"While", "StatelessWhile"})
+
+
+# The pseudo-layer of the compiled loss: its ops (and their gradients) sit outside every layer,
+# under Keras 3's ``compile_loss`` name scope, and are split along the batch as one layer. No
+# Keras layer can be named so (a TensorFlow name scope cannot start with "<").
+LOSS_GROUP = "<loss>"
+_LOSS_SCOPE = "compile_loss/"
+_GRADIENT_PREFIX = "gradient_tape/"
+
+
+def split_groups(graph: OpGraph) -> list[str | None]:
+    """Per op, the layer whose split copies it: its own layer, or ``LOSS_GROUP`` for an op of the
+    compiled loss (or of its gradient) outside every layer; None for other ops outside layers.
+
+    Example:
+        >>> from kerasflow.planner import Op
+        >>> graph = OpGraph([Op("dense/MatMul", layer="dense"), Op("compile_loss/mean/Sum"),
+        ...                  Op("gradient_tape/compile_loss/mean/Tile"), Op("AddN")], [])
+        >>> split_groups(graph)
+        ['dense', '<loss>', '<loss>', None]
+    """
+    cached = graph._structure.cache.get("split_groups")
+    if cached is None:
+        cached = [op.layer if op.layer is not None else LOSS_GROUP if is_loss_op(op.name) else None
+                  for op in graph.ops]
+        graph._structure.cache["split_groups"] = cached
+    return cached
+
+
+def is_loss_op(name: str) -> bool:
+    """Whether an op outside every layer named ``name`` computes the compiled loss or its gradient.
+
+    Example:
+        >>> is_loss_op("gradient_tape/compile_loss/mse/sub"), is_loss_op("compile_metrics/Mean")
+        (True, False)
+    """
+    return name.removeprefix(_GRADIENT_PREFIX).startswith(_LOSS_SCOPE)
+
+
+def group_ops(graph: OpGraph) -> dict[str, list[int]]:
+    """Each split group (``split_groups``) -> the indices of its ops, in op order.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> group_ops(synthetic.chain_mlp(layers=1))["loss"]
+        [4]
+    """
+    groups: dict[str, list[int]] = {}
+    for i, group in enumerate(split_groups(graph)):
+        if group is not None:
+            groups.setdefault(group, []).append(i)
+    return groups
 
 
 def batch_ops(graph: OpGraph) -> list[bool]:

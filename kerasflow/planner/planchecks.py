@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .cluster import Cluster
 from .errors import InvalidPlanError
 from .graph import OpGraph
-from .graphtables import batch_ops, colocation_groups
+from .graphtables import batch_ops, colocation_groups, group_ops, split_groups
 from .plan import Plan
 from .toposort import topological_order
 
@@ -87,7 +87,7 @@ def resolve_plan(graph: OpGraph, cluster: Cluster, plan: Plan) -> ResolvedPlan:
 
 
 def _placement(graph: OpGraph, cluster: Cluster, plan: Plan, is_batch: list[bool]) -> list[int]:
-    ops, placement, positions = graph.ops, plan.placement, _positions(cluster)
+    ops, placement, positions, groups = graph.ops, plan.placement, _positions(cluster), split_groups(graph)
     try:
         place = [positions[placement[op.name]] for op in ops]
     except KeyError:
@@ -101,7 +101,7 @@ def _placement(graph: OpGraph, cluster: Cluster, plan: Plan, is_batch: list[bool
     for group, members in colocation_groups(graph):
         # A loop of a split layer that reads the group's variable runs as shards, each on its
         # shard's device with the weights read for it: its own entry does not bind the group.
-        members = [i for i in members if not (is_batch[i] and ops[i].layer in plan.splits)]
+        members = [i for i in members if not (is_batch[i] and groups[i] in plan.splits)]
         device = place[members[0]] if members else None
         for i in members:
             if place[i] != device:
@@ -123,16 +123,17 @@ def _placed(cluster: Cluster, plan: Plan, name: str) -> int:
 
 
 def _splits(graph: OpGraph, cluster: Cluster, plan: Plan, is_batch: list[bool]) -> dict:
-    layers = graph.layers() if plan.splits else {}
+    layers = group_ops(graph) if plan.splits else {}
     shards_of_layer: dict[str, tuple[tuple[int, float], ...]] = {}
     for layer, shards in plan.splits.items():
         if layer not in layers:
             raise InvalidPlanError(
                 f"The plan splits layer {layer!r}, which the graph does not have "
                 f"(layers: {sorted(layers)[:8]}...). Replan for this graph.")
-        for name in layers[layer]:
-            op = graph.op(name)
-            if is_batch[graph.index(name)] and not op.splittable:
+        for i in layers[layer]:
+            op = graph.ops[i]
+            name = op.name
+            if is_batch[i] and not op.splittable:
                 raise InvalidPlanError(
                     f"layer {layer!r} cannot be split: its op {name!r}"
                     f"{f' ({op.type})' if op.type else ''} has no batch axis to split along (it couples "

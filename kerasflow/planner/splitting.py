@@ -24,7 +24,7 @@ from .graph import OpGraph
 from .plan import Plan, Shard
 from .ranks import predecessors
 from .simulator import SimulationResult, run_task_graph
-from .graphtables import batch_ops, variable_groups
+from .graphtables import batch_ops, group_ops, split_groups, variable_groups
 from .taskgraph import TaskGraph, build_task_graph
 
 __all__ = ["splittable_layers", "layer_weight_bytes", "split_pays", "critical_tasks", "split_search",
@@ -34,18 +34,18 @@ Scheduler = Callable[[Mapping[str, Sequence[Shard]]], Plan]
 
 
 def splittable_layers(graph: OpGraph) -> set[str]:
-    """Layers whose batch ops can all be split along the batch (and that have some). A batch
-    op in a colocation group of host work (string ops kept on the host together) rules its
-    layer out: its shards would have to run on one device. One in a variable's group (a loop
-    that reads its weights inside) does not: each shard gets the weights read for it."""
+    """Layers (and the compiled loss' pseudo-layer, ``graphtables.LOSS_GROUP``) whose batch ops can
+    all be split along the batch (and that have some). A batch op in a colocation group of host
+    work (string ops kept on the host together) rules its layer out: its shards would have to
+    run on one device. One in a variable's group (a loop that reads its weights inside) does
+    not: each shard gets the weights read for it."""
     is_batch = batch_ops(graph)
     anchored = variable_groups(graph)
     ok: dict[str, bool] = {}
-    for i, op in enumerate(graph.ops):
-        if op.layer is None or not is_batch[i]:
+    for i, (op, layer) in enumerate(zip(graph.ops, split_groups(graph))):
+        if layer is None or not is_batch[i]:
             continue
-        ok[op.layer] = ok.get(op.layer, True) and op.splittable and (op.colocation is None
-                                                                      or op.colocation in anchored)
+        ok[layer] = ok.get(layer, True) and op.splittable and (op.colocation is None or op.colocation in anchored)
     return {layer for layer, fine in ok.items() if fine}
 
 
@@ -54,9 +54,9 @@ def layer_weight_bytes(graph: OpGraph, batch: float) -> dict[str, float]:
     weights): what every extra shard must receive, and send back as a gradient."""
     is_batch = batch_ops(graph)
     weights: dict[str, float] = {}
-    for i, op in enumerate(graph.ops):
-        if op.layer is not None and op.phase == "forward" and not is_batch[i]:
-            weights[op.layer] = weights.get(op.layer, 0.0) + sum(size.at(batch) for size in op.output_bytes)
+    for i, (op, layer) in enumerate(zip(graph.ops, split_groups(graph))):
+        if layer is not None and op.phase == "forward" and not is_batch[i]:
+            weights[layer] = weights.get(layer, 0.0) + sum(size.at(batch) for size in op.output_bytes)
     return weights
 
 
@@ -137,9 +137,10 @@ def hybrid_splits(graph: OpGraph, cluster: Cluster, base: Plan) -> dict[str, tup
     batch = base.batch_size or graph.batch_size
     tg = build_task_graph(graph, cluster, base, batch)
     layer_seconds: dict[str, float] = {}
+    groups = split_groups(graph)
     for t in range(len(tg)):
         if tg.role[t] == "op" and tg.shard[t] < 0:
-            layer = graph.ops[tg.base[t]].layer
+            layer = groups[tg.base[t]]
             if layer in candidates:
                 layer_seconds[layer] = layer_seconds.get(layer, 0.0) + tg.duration[t]
     weights = layer_weight_bytes(graph, batch)
@@ -193,7 +194,7 @@ def split_search(graph: OpGraph, cluster: Cluster, base: Plan, schedule: Schedul
         ``(best plan, evaluations used)``; the best plan is ``base`` when no split pays.
     """
     candidates = splittable_layers(graph)
-    layer_ops = graph.layers()
+    layer_ops, groups = group_ops(graph), split_groups(graph)
     best = base
     evaluations = 0
     if len(cluster) < 2 or not candidates:
@@ -209,7 +210,7 @@ def split_search(graph: OpGraph, cluster: Cluster, base: Plan, schedule: Schedul
         for t in critical_tasks(tg, result, cluster):
             if tg.role[t] != "op" or tg.shard[t] >= 0:
                 continue
-            layer = graph.ops[tg.base[t]].layer
+            layer = groups[tg.base[t]]
             if layer in candidates and layer not in best.splits:
                 on_path[layer] = on_path.get(layer, 0.0) + tg.duration[t]
         if not on_path:
@@ -217,7 +218,7 @@ def split_search(graph: OpGraph, cluster: Cluster, base: Plan, schedule: Schedul
         busy = result.busy
 
         def shards(layer: str, k: int) -> tuple[Shard, ...]:
-            home = best.placement[layer_ops[layer][0]]
+            home = best.placement[graph.ops[layer_ops[layer][0]].name]
             others = sorted((d for d in names if d != home), key=lambda d: (busy[d], names.index(d)))
             return balanced_shards(cluster, [home] + others[:k - 1])
 

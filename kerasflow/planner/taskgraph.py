@@ -16,7 +16,7 @@ from typing import Sequence
 from ._gc import collector_paused
 from .cluster import Cluster
 from .graph import Affine, OpGraph
-from .graphtables import batch_statistics, durations, folded_ops, static_tables
+from .graphtables import batch_statistics, durations, folded_ops, split_groups, static_tables
 from .plan import Plan
 from .planchecks import attach_orders, resolve_plan
 from .ring import FUSION_BUFFER_BYTES, fusion_buffers
@@ -212,7 +212,7 @@ class _Builder:
         replica, ops in topological order, a batch op's copies wave by wave and shard by shard
         (wave and shard -1 for an op that runs once per replica, replica -1 without replicas).
         What ``_build_general`` builds and ``busiest_device_seconds`` sums."""
-        ops, dp = self.graph.ops, self.dp
+        dp, groups = self.dp, split_groups(self.graph)
         for r, replica_device in enumerate(self.replicas):
             replica = r if dp else -1
             for i in self.graph._structure.topo:
@@ -220,7 +220,7 @@ class _Builder:
                 if not self.is_batch[i]:
                     yield replica, i, home, self.replica_batch, -1, -1
                     continue
-                shards = None if dp else self.shards_of_layer.get(ops[i].layer)
+                shards = None if dp else self.shards_of_layer.get(groups[i])
                 for w in range(self.wave_count):
                     wave_batch = self.replica_batch * self.wave_fraction[w]
                     stage = self.stage_maps[w]
@@ -295,7 +295,7 @@ class _Builder:
         single: list[dict[int, int]] = [{} for _ in replicas]
         copies: list[dict[int, list[list[tuple[int, float]]]]] = [{} for _ in replicas]
         self.signature: dict[int, tuple] = {}
-        waved = self.wave_count > 1
+        waved, groups = self.wave_count > 1, split_groups(graph)
         for replica, i, device, batch_share, w, s in self.op_copies():
             op, r = ops[i], max(replica, 0)
             if w < 0:
@@ -308,7 +308,7 @@ class _Builder:
             per_wave = copies[r].get(i)
             if per_wave is None:
                 per_wave = copies[r][i] = [[] for _ in range(self.wave_count)]
-                self.signature[i] = (None if dp else self.shards_of_layer.get(op.layer)) or ()
+                self.signature[i] = (None if dp else self.shards_of_layer.get(groups[i])) or ()
             name = copy_name(op.name, replica=replica, wave=w if waved else -1, shard=s)
             t = tg.add(name, i, "op", device, self._duration(op, device, batch_share),
                        tuple(x.at(batch_share) for x in op.output_bytes), op.temp_bytes.at(batch_share),

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasflow import _compat
-from kerasflow.planner.graphtables import WEIGHT_READING_LOOPS
+from kerasflow.planner.graphtables import WEIGHT_READING_LOOPS, is_loss_op
 from kerasflow.profiling.splittable import is_splittable
 
 __all__ = ["CapturedStep", "CapturedOp", "capture_step", "batch_spec", "last_op_id"]
@@ -153,6 +153,24 @@ def _layer_ranges(model, patches: contextlib.ExitStack) -> list:
     return records
 
 
+def _loss_masks(model, patches: contextlib.ExitStack) -> list[bool]:
+    """Wraps the compiled loss' ``call``, until ``patches`` closes, to record whether the
+    predictions it scores carry a mask; returns the records (none without a compiled loss)."""
+    records: list[bool] = []
+    compiled = _compat.compiled_loss(model)
+    if compiled is None:
+        return records
+    original = compiled.call
+
+    @functools.wraps(original)
+    def recorded(y_true, y_pred, *args, **kwargs):
+        records.append(_compat.carries_mask(y_pred))
+        return original(y_true, y_pred, *args, **kwargs)
+
+    patches.enter_context(_compat.overridden(compiled, "call", recorded))
+    return records
+
+
 def capture_step(model, batch) -> CapturedStep:
     """Traces ``model.train_step`` on ``batch``'s shapes and returns its ops as plain data.
 
@@ -172,6 +190,7 @@ def capture_step(model, batch) -> CapturedStep:
     spec = batch_spec(batch)
     with contextlib.ExitStack() as patches, _compat.custom_gradients_forgotten():
         records = _layer_ranges(model, patches)
+        masked_loss = _loss_masks(model, patches)
         function = tf.function(lambda data: _compat.run_step(model, data), autograph=False)
         concrete = function.get_concrete_function(spec)
     graph = concrete.graph
@@ -193,7 +212,7 @@ def capture_step(model, batch) -> CapturedStep:
     group_layer = _colocate(captured, operations, _variable_groups(model, graph), layer_of_id)
     _assign_phases(captured, group_layer, tuple(name + "/" for name in _compat.optimizer_names(model)))
     _layers_of_updates(captured, group_layer)
-    _batch_axes(captured, layer_objects)
+    _batch_axes(captured, layer_objects, _compat.loss_combines_by_share(model, any(masked_loss)))
     return CapturedStep(captured, concrete, batch_size, synchronized)
 
 
@@ -384,15 +403,17 @@ def _layers_of_updates(captured: list[CapturedOp], group_layer: dict[str, str]) 
                     break
 
 
-def _batch_axes(captured: list[CapturedOp], layer_objects: dict) -> None:
-    """Which ops may be split along the batch."""
+def _batch_axes(captured: list[CapturedOp], layer_objects: dict, loss_splits: bool) -> None:
+    """Which ops may be split along the batch (the compiled loss' where ``loss_splits``: its
+    shards' losses, weighted by their shares, sum to the batch's)."""
     for op in captured:
         if op.phase not in ("forward", "backward") or "Random" in op.type or (
                 op.colocation or "").startswith(HOST_GROUP):
             continue  # random ops outside layers draw per call: never split either
         layer = layer_objects.get(op.layer)
         if op.layer is None:
-            op.batch_axis = 0  # losses and glue: per-sample work, reductions summed by the strategy
+            if loss_splits or not is_loss_op(op.name):
+                op.batch_axis = 0  # losses and glue: per-sample work, reductions summed by the strategy
         elif is_splittable(layer) and (op.colocation is None or op.type not in WEIGHT_READING_LOOPS
                                        or _compat.can_read_weights_per_copy(layer)):
             op.batch_axis = 0  # a loop bound to its weights splits only where they can be read per shard

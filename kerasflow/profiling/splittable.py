@@ -7,13 +7,20 @@ each draw their own randomness, not their slice of the whole batch's, and the lo
 change. A custom layer opts in or out with a class or instance attribute
 ``kerasflow_splittable = True`` (or ``False``); unknown layers (``Lambda`` included: its
 code is unknown) are not split, the safe default.
+
+A compiled loss is split (or run as waves, or per replica) only when each shard's loss, weighted
+by its share of the batch, sums to the whole batch's: every loss is a built-in one that scores
+each sample alone (``SPLITTABLE_LOSSES``; not Dice, Tversky or Circle, which score the batch as
+a whole) or opts in with ``kerasflow_splittable = True`` (on the loss object or the function
+given to ``compile``), and averages over the batch, unmasked.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SPLITTABLE_LAYERS", "NOT_SPLITTABLE_LAYERS", "is_splittable", "ATTRIBUTE"]
+__all__ = ["SPLITTABLE_LAYERS", "NOT_SPLITTABLE_LAYERS", "is_splittable", "ATTRIBUTE", "SPLITTABLE_LOSSES",
+           "MEAN_REDUCTIONS", "is_splittable_loss"]
 
 ATTRIBUTE = "kerasflow_splittable"
 
@@ -60,3 +67,38 @@ def is_splittable(layer: Any) -> bool:
     if getattr(layer, "stateful", False):  # a stateful RNN carries state across batches
         return False
     return name in SPLITTABLE_LAYERS
+
+
+# Built-in losses that score each sample alone, as their functions are named (the classes wrap them).
+SPLITTABLE_LOSSES = frozenset({
+    "mean_squared_error", "mean_absolute_error", "mean_absolute_percentage_error", "mean_squared_logarithmic_error",
+    "cosine_similarity", "huber", "log_cosh", "hinge", "squared_hinge", "categorical_hinge", "kl_divergence",
+    "poisson", "binary_crossentropy", "binary_focal_crossentropy", "categorical_crossentropy",
+    "categorical_focal_crossentropy", "categorical_generalized_cross_entropy", "sparse_categorical_crossentropy", "ctc",
+})
+
+# Reductions that average over the batch's elements: a shard's value times its share of the batch sums to the whole's.
+MEAN_REDUCTIONS = frozenset({"sum_over_batch_size", "mean"})
+
+
+def is_splittable_loss(loss: Any) -> bool:
+    """True when ``loss`` (a Keras loss object) averages a score of each sample alone, so that
+    shards' losses weighted by their share of the batch sum to the whole batch's.
+
+    Example:
+        >>> import keras
+        >>> is_splittable_loss(keras.losses.SparseCategoricalCrossentropy())
+        True
+        >>> is_splittable_loss(keras.losses.MeanSquaredError(reduction="sum"))
+        False
+        >>> is_splittable_loss(keras.losses.Dice())
+        False
+    """
+    if getattr(loss, "reduction", None) not in MEAN_REDUCTIONS:
+        return False
+    function = getattr(loss, "fn", None)  # the function a loss class (or ``compile(loss=fn)``) wraps
+    flag = getattr(loss, ATTRIBUTE, getattr(function, ATTRIBUTE, None))
+    if flag is not None:
+        return bool(flag)
+    return getattr(function, "__name__", None) in SPLITTABLE_LOSSES and getattr(function, "__module__", "").startswith(
+        "keras.")

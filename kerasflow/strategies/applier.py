@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from kerasflow.planner.costmodel import METADATA_OP_TYPES
 from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.graphtables import WEIGHT_READING_LOOPS, weight_bound_layers
+from kerasflow.planner.graphtables import WEIGHT_READING_LOOPS, split_groups, weight_bound_layers
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.tasknames import parse_copy_name
 from kerasflow.planner.toposort import topological_order
@@ -67,14 +67,14 @@ class PlanApplier:
         self.loops = [(op.name, op.name.split("/")) for op in graph.ops
                       if op.type in WEIGHT_READING_LOOPS] if graph is not None else []
         if graph is not None:
-            for op in graph.ops:
-                if op.layer is None:
+            for op, layer in zip(graph.ops, split_groups(graph)):  # the compiled loss' ops: its pseudo-layer
+                if layer is None:
                     continue
-                self.layer_of[op.name] = op.layer
+                self.layer_of[op.name] = layer
                 parts = op.name.split("/")
                 for i in range(1, len(parts)):
                     scope = "/".join(parts[:i])
-                    self.scope_layer[scope] = op.layer if self.scope_layer.get(scope, op.layer) == op.layer else None
+                    self.scope_layer[scope] = layer if self.scope_layer.get(scope, layer) == layer else None
         votes: dict[str, dict[str, int]] = {}
         for name, device in plan.placement.items():
             layer = self.layer_of.get(name)

@@ -4,7 +4,9 @@
 ``call``: each input is cut once into shards of the batch, each shard runs under its device
 and a ``shard<i>`` name scope, and the outputs are concatenated, except for the next split
 layer with the same shards, which takes them shard by shard (as the simulator connects
-them); autodiff gives gradients equal to the unsplit layer's. Then it runs the step, as is,
+them); autodiff gives gradients equal to the unsplit layer's. A split compiled loss (the
+plan's ``LOSS_GROUP``) runs the same way, each shard's loss weighted by its share of the batch
+and the weighted losses summed (``split_loss``). Then it runs the step, as is,
 as waves, or as data-parallel replicas, and hands every op of the trace that runs (TensorFlow
 prunes the others) to the ``PlanApplier``. A copy (shard or wave) of a layer whose loop reads
 its weights inside (an LSTM's) computes with the weights read for it, so it runs on its own
@@ -34,6 +36,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from kerasflow import _compat
+from kerasflow.planner.graphtables import LOSS_GROUP
 from kerasflow.profiling.capture import last_op_id, live_operations
 from kerasflow.strategies.applier import PlanApplier
 from kerasflow.strategies.batchstats import synchronized_layers, whole_batch_statistics
@@ -43,7 +46,7 @@ from kerasflow.strategies.replicas import Replicas, all_reduce_gradients
 from kerasflow.strategies.scopes import (SHARD_INPUTS_SCOPE, SHARD_OUTPUTS_SCOPE, WAVES_SCOPE, replica_scope, shard_scope,
                                          wave_scope)
 
-__all__ = ["PlannedStep", "split_call"]
+__all__ = ["PlannedStep", "split_call", "split_loss"]
 
 
 def _batch_of(structure) -> tf.Tensor | int:
@@ -159,6 +162,41 @@ def split_call(original: Callable, shards, chains: _ShardChains | None = None,
     return call
 
 
+def split_loss(original: Callable, shards, chains: _ShardChains, counting: Callable[[Any], Any]) -> Callable:
+    """``original`` (the compiled loss' ``call(y_true, y_pred, sample_weight)``) run as shards of
+    the batch: each shard's loss, an average over its rows, weighted by its share of the batch,
+    and the weighted losses summed (the profile marks the loss splittable only where that sum is
+    the batch's loss: ``_compat.loss_combines_by_share``).
+
+    The inputs are cut as ``split_call`` cuts a layer's: predictions that a split layer with the
+    same shards made are taken shard by shard. ``counting(share)`` makes a context inside which
+    the loss' own trackers count a shard's update as its share of one (``loss_trackers_counting``).
+    """
+    signature = tuple((s.device, s.fraction) for s in shards)
+
+    @functools.wraps(original)
+    def call(y_true, y_pred, sample_weight=None):
+        batch = _batch_of(y_pred)
+        sizes = _sizes(batch, [s.fraction for s in shards])
+
+        def pieces(t):
+            chained = chains.pieces_of(t, signature)
+            return _Pieces(chained) if chained is not None else _split(t, sizes, batch)
+
+        with tf.name_scope(SHARD_INPUTS_SCOPE):
+            cut = tf.nest.map_structure(pieces, (y_true, y_pred, sample_weight))
+            shares = [tf.cast(size, tf.float32) / tf.cast(batch, tf.float32) for size in sizes]
+        values = []
+        for i, shard in enumerate(shards):
+            piece = tf.nest.map_structure(lambda p, i=i: p.parts[i] if isinstance(p, _Pieces) else p, cut)
+            with tf.device(shard.device), tf.name_scope(shard_scope(i)), counting(shares[i]):
+                values.append(original(*piece))
+        with tf.name_scope(SHARD_OUTPUTS_SCOPE):
+            return tf.add_n([value * tf.cast(share, value.dtype) for value, share in zip(values, shares)])
+
+    return call
+
+
 def _with_weights_read_here(original: Callable, reads: Callable[[], Any]) -> Callable:
     """``original`` (a layer's call) computing with its weights read where it runs: a wave's
     copy of a recurrent loop runs on the wave's device, as the simulator copies it."""
@@ -257,9 +295,9 @@ class PlannedStep:
         return outputs
 
     def _patch_layers(self, plan, patches: contextlib.ExitStack) -> None:
-        """Wraps the ``call`` of the plan's split layers (as shards) and, when the step runs as
-        waves, of the layers whose loops read their weights (read where each wave runs), until
-        ``patches`` closes after the trace."""
+        """Wraps the ``call`` of the plan's split layers (as shards), of the compiled loss when the
+        plan splits it (``LOSS_GROUP``) and, when the step runs as waves, of the layers whose loops
+        read their weights (read where each wave runs), until ``patches`` closes after the trace."""
         by_name = {layer.name: layer for layer in _compat.all_layers(self.model)}
         bound = self.applier.weight_bound_layers
         waves = plan.waves is not None and plan.waves.count > 1 and plan.data_parallel is None
@@ -272,6 +310,11 @@ class PlannedStep:
             call = (split_call(layer.call, plan.splits[layer_name], chains, reads) if layer_name in plan.splits
                     else _with_weights_read_here(layer.call, reads))
             patches.enter_context(_compat.overridden(layer, "call", call))
+        compiled = _compat.compiled_loss(self.model)
+        if LOSS_GROUP in plan.splits and compiled is not None:
+            counting = functools.partial(_compat.loss_trackers_counting, self.model)
+            patches.enter_context(_compat.overridden(
+                compiled, "call", split_loss(compiled.call, plan.splits[LOSS_GROUP], chains, counting)))
 
     def _waves(self, data):
         """One step as micro-batches whose scaled gradients are summed before one update."""

@@ -15,6 +15,7 @@ from kerasflow.planner.splitting import (
     balanced_shards, critical_tasks, hybrid_splits, layer_weight_bytes, split_pays, splittable_layers,
     split_search,
 )
+from kerasflow.planner.graphtables import LOSS_GROUP
 from kerasflow.planner.taskgraph import build_task_graph
 from kerasflow.planner.simulator import run_task_graph
 from tests.planner.helpers import cluster, op
@@ -58,6 +59,45 @@ def test_more_shards_pay_on_a_fast_uniform_cluster():
     chosen = plan(graph, c)
     assert chosen.candidates["heft+split"] == pytest.approx(2.0, abs=1e-6)
     assert chosen.predicted_step_time == pytest.approx(2.0, abs=1e-6)
+
+
+def loss_graph(batch_axis=0):
+    # x feeds 4 B per sample to the compiled loss, outside every layer (1 s per sample, batch 8);
+    # the loss' gradient (0.5 s per sample) follows it.
+    return OpGraph([op("x", 0.0, [(0, 4)], phase="other"),
+                    op("compile_loss/xent", (0.0, 1.0), [(0, 4)], batch_axis=batch_axis),
+                    op("gradient_tape/compile_loss/xent/grad", (0.0, 0.5), [(0, 4)], phase="backward",
+                       batch_axis=batch_axis)],
+                   [("x", "compile_loss/xent", 0), ("compile_loss/xent", "gradient_tape/compile_loss/xent/grad", 0)],
+                   batch_size=8)
+
+
+def test_the_compiled_loss_is_split_as_one_layer():
+    graph = loss_graph()
+    c = Cluster([Device(f"/D:{i}", "X", 10**9, memory_bandwidth=1e30, launch_overhead=0.0) for i in range(4)],
+                Link(0.0, 1e9))
+    assert splittable_layers(graph) == {LOSS_GROUP}
+    base = heft(graph, c)
+    assert base.predicted_step_time == 12.0  # 8 s forward, 4 s backward, on one device
+    best, _ = split_search(graph, c, base, lambda splits: heft(graph, c, splits=splits))
+    # Four shards of 2 samples: 2 s forward and 1 s backward each, side by side; the 8 B slices
+    # cross 1 GB/s links in 8 ns.
+    assert list(best.splits) == [LOSS_GROUP] and len(best.splits[LOSS_GROUP]) == 4
+    assert best.predicted_step_time == pytest.approx(3.0, abs=1e-6)
+    tg = build_task_graph(graph, c, best)
+    shards = sorted((tg.names[t], tg.devices[tg.resource[t]]) for t in range(len(tg)) if tg.shard[t] >= 0)
+    assert [name for name, _ in shards[:4]] == [f"compile_loss/xent@s{s}" for s in range(4)]
+    assert sorted({device for _, device in shards}) == ["/D:0", "/D:1", "/D:2", "/D:3"]
+
+
+def test_a_loss_that_cannot_be_split_is_left_whole():
+    # The profile leaves a loss without a batch axis where its shards' weighted sum is not the
+    # batch's loss (a masked mean, Dice): no split of it is tried.
+    graph = loss_graph(batch_axis=None)
+    assert splittable_layers(graph) == set()
+    with pytest.raises(InvalidPlanError, match="cannot be split"):
+        simulate(graph, cluster(2), Plan(placement={o.name: "/D:0" for o in graph.ops},
+                                         splits={LOSS_GROUP: balanced_shards(cluster(2), ["/D:0", "/D:1"])}))
 
 
 def test_balanced_shards_follow_device_speed():

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from kerasflow import ProfilingError
 from kerasflow.planner import OpGraph
+from kerasflow.planner.graphtables import is_loss_op
 from kerasflow.planner.planning import MAX_TIE_MARGIN, TIE_MARGIN, tie_margin_for
 from kerasflow.profiling import capture_step, profile_model
 from kerasflow.profiling.profiler import PLAIN_RUNS
@@ -174,6 +175,37 @@ def test_the_values_the_tape_starts_a_loops_gradient_with_belong_to_its_layer():
              and any(source == op.name for loop in loops for source, _ in loop.inputs)]
     assert seeds, "the gradient loop reads values made outside the tape's scope"
     assert all((op.phase, op.layer) == ("backward", "lstm") for op in seeds), [(o.name, o.phase, o.layer) for o in seeds]
+
+
+def _loss_axes(loss, *, mask: bool = False, one_hot: bool = False) -> set:
+    """The batch axes of the compiled loss' ops (and its gradient's) in a sequence tagger's step."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5,), dtype="int32"), keras.layers.Embedding(20, 4, mask_zero=mask),
+                              keras.layers.Dense(3, name="tags")])
+    model.compile(optimizer="sgd", loss=loss)
+    x = np.random.randint(0, 20, (8, 5)).astype("int32")
+    y = np.random.randint(0, 3, (8, 5)).astype("float32")
+    step = capture_step(model, (x, np.eye(3, dtype="float32")[y.astype(int)] if one_hot else y))
+    axes = {op.batch_axis for op in step.ops if is_loss_op(op.name) and op.layer is None and op.phase != "other"}
+    assert axes, "the compiled loss made no ops"
+    return axes
+
+
+def test_a_loss_that_averages_each_sample_alone_is_split_and_no_other():
+    assert _loss_axes("sparse_categorical_crossentropy") == {0}
+    assert _loss_axes(keras.losses.SparseCategoricalCrossentropy(from_logits=True)) == {0}
+    # Opted in, as a layer opts in.
+    def per_sample(y_true, y_pred):
+        return keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+    per_sample.kerasflow_splittable = True
+    assert _loss_axes(per_sample) == {0}
+    # Shards' losses weighted by their shares do not sum to these: a sum over the batch, a loss
+    # of the whole batch at once, a mean over the unmasked entries of the whole batch, unknown code.
+    assert _loss_axes(keras.losses.SparseCategoricalCrossentropy(reduction="sum")) == {None}
+    assert _loss_axes(keras.losses.Dice(), one_hot=True) == {None}
+    assert _loss_axes(keras.losses.CategoricalCrossentropy(from_logits=True), one_hot=True) == {0}
+    assert _loss_axes("sparse_categorical_crossentropy", mask=True) == {None}
+    assert _loss_axes(lambda y_true, y_pred: keras.ops.mean(keras.ops.square(y_pred))) == {None}
 
 
 def test_uncompiled_model_is_refused():

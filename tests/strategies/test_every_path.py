@@ -25,6 +25,8 @@ from typing import Callable
 
 import pytest
 
+from kerasflow.planner import Shard
+from kerasflow.planner.graphtables import LOSS_GROUP
 from kerasflow.strategies import Collaborators, ScriptedStopwatch
 from kerasflow.strategies.verdict import TIMED_ROUNDS
 from tests.strategies import paths
@@ -170,6 +172,21 @@ def check_trusted(state, spec):
     assert state.placement.in_force and state.warnings == []
 
 
+def check_loss_split(state, spec):
+    # The compiled loss ran as two shards, each on its device and weighted by its share of the
+    # batch (the predictions passed shard to shard from the split layer before it).
+    check_kept(state, spec)
+    assert state.plan.splits.keys() == {"classes", LOSS_GROUP}
+    assert list(state.placement) == [] and state.placement.not_applied == [], state.placement.summary()
+
+
+def the_loss_split(plan):
+    """The plan with the output layer and the compiled loss split in halves over two devices; its
+    order left out (it names the unsplit ops)."""
+    halves = (Shard("/CPU:1", 0.5), Shard("/CPU:2", 0.5))
+    return dataclasses.replace(plan, splits={"classes": halves, LOSS_GROUP: halves}, order={})
+
+
 def predicted_ten_times_faster(plan):
     return dataclasses.replace(plan, candidates={**plan.candidates, "default_placement": 10 * plan.predicted_step_time})
 
@@ -282,6 +299,9 @@ PATHS = {
     # The planner keeps the default placement: nothing applied; a second fit, evaluate and predict.
     "default_kept": Path(Recipe(lambda spec: seams(paths.planner("default_placement")),
                                 program=TWO_WITH_EVALUATE_AND_PREDICT), check_default_kept),
+    "loss_split": Path(Recipe(lambda spec: seams(paths.planner(spec.first, spec.second, runner_up_predicted=10.0,
+                                                               change=the_loss_split),
+                                                 {None: DEFAULT, spec.first: FAST})), check_loss_split),
     "fit_evaluate_fit": Path(dataclasses.replace(REPLACED, program=TWO_WITH_EVALUATE), check_replaced),
     "backup_and_restore": Path(dataclasses.replace(KEPT, program=BACKUP), check_kept),
 }

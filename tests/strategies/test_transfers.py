@@ -27,6 +27,7 @@ import tensorflow as tf
 
 import kerasflow
 from kerasflow.planner import Shard, baselines, cpop, heft, one_copy_data_parallel, simulate, ticktock
+from kerasflow.planner.graphtables import LOSS_GROUP
 from kerasflow.planner.plan import Plan
 
 DEVICES = ["/CPU:0", "/CPU:1"]
@@ -76,6 +77,10 @@ PLAN_KINDS = {
     "a split chain": lambda g, c: Plan(placement=on_first(g), splits={"d1": halves(), "d2": halves()},
                                        batch_size=BATCH),
     "hybrid (HEFT around a split layer)": lambda g, c: heft(g, c, batch_size=BATCH, splits={"d1": halves()}),
+    "the split loss": lambda g, c: Plan(placement=on_first(g), splits={LOSS_GROUP: halves()}, batch_size=BATCH),
+    "a split chain into the loss": lambda g, c: Plan(placement=on_first(g),
+                                                     splits={"d3": halves(), LOSS_GROUP: halves()}, batch_size=BATCH),
+    "hybrid (HEFT around the split loss)": lambda g, c: heft(g, c, batch_size=BATCH, splits={LOSS_GROUP: halves()}),
     "waves": lambda g, c: ticktock.with_waves(baselines.layerwise_model_parallel(g, c, batch=BATCH), g, c,
                                               count=2, batch=BATCH),
     "Tick-Tock model parallel": lambda g, c: ticktock.tick_tock_model_parallel(g, c, batch=BATCH),
