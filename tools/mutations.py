@@ -195,6 +195,14 @@ MUTATIONS = [
     Mutation("a device's work is its last op task's, not their sum", "kerasflow/planner/taskgraph.py",
              "        work[device] += builder._duration(ops[i], device, batch_share)",
              "        work[device] = builder._duration(ops[i], device, batch_share)"),
+    Mutation("the compiled loss' gradient is left out of the loss' pseudo-layer", "kerasflow/planner/graphtables.py",
+             "    return name.removeprefix(_GRADIENT_PREFIX).startswith(_LOSS_SCOPE)",
+             "    return name.startswith(_LOSS_SCOPE)"),
+    Mutation("a split layer's gradient sum runs whole though a reader takes the shards", "kerasflow/planner/planchecks.py",
+             "        shards_of_layer.get(reader) == shards_of_layer[groups[i]] for reader in readers.get(groups[i], ())))",
+             "        False for reader in readers.get(groups[i], ())))"),
+    Mutation("a gradient sum read by two layers joins one of them", "kerasflow/planner/graphtables.py",
+             "            if len(readers) == 1:", "            if readers:"),
 ]
 
 

@@ -15,7 +15,8 @@ from .graph import OpGraph
 
 __all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "BatchStatistics", "batch_ops",
            "batch_statistics", "folded_ops", "variable_groups", "weight_bound_layers", "colocation_groups",
-           "static_tables", "durations", "LOSS_GROUP", "split_groups", "is_loss_op", "group_ops"]
+           "static_tables", "durations", "LOSS_GROUP", "split_groups", "is_loss_op", "group_ops",
+           "gradient_sums", "layer_readers"]
 
 BATCH_PHASES = ("forward", "backward")
 
@@ -35,8 +36,9 @@ _GRADIENT_PREFIX = "gradient_tape/"
 
 
 def split_groups(graph: OpGraph) -> list[str | None]:
-    """Per op, the layer whose split copies it: its own layer, or ``LOSS_GROUP`` for an op of the
-    compiled loss (or of its gradient) outside every layer; None for other ops outside layers.
+    """Per op, the layer whose split copies it: its own layer; ``LOSS_GROUP`` for an op of the
+    compiled loss (or of its gradient) outside every layer; for a sum of a tensor's gradients
+    outside every layer, the layer whose backward pass alone reads it (``gradient_sums``); else None.
 
     Example:
         >>> from kerasflow.planner import Op
@@ -45,11 +47,72 @@ def split_groups(graph: OpGraph) -> list[str | None]:
         >>> split_groups(graph)
         ['dense', '<loss>', '<loss>', None]
     """
-    cached = graph._structure.cache.get("split_groups")
+    structure = graph._structure
+    cached = structure.cache.get("split_groups")
     if cached is None:
         cached = [op.layer if op.layer is not None else LOSS_GROUP if is_loss_op(op.name) else None
                   for op in graph.ops]
-        graph._structure.cache["split_groups"] = cached
+        for i in _gradient_sum_candidates(graph):
+            readers = {cached[c] for k, consumers in structure.outputs[i] if k >= 0 for c in consumers}
+            if len(readers) == 1:
+                cached[i] = readers.pop()
+        structure.cache["split_groups"] = cached
+    return cached
+
+
+def _gradient_sum_candidates(graph: OpGraph) -> list[int]:
+    """The ops outside every layer that sum a tensor's gradients: the tape's ``AddN`` (named
+    outside every scope) in the backward pass."""
+    return [i for i, op in enumerate(graph.ops)
+            if op.layer is None and op.type == "AddN" and op.phase == "backward" and "/" not in op.name]
+
+
+def gradient_sums(graph: OpGraph) -> list[int]:
+    """The tape's sums of a tensor's gradients that belong to a layer (``split_groups``): the
+    layer that made the tensor, whose backward pass alone reads the sum (the ``AddN`` of a
+    residual connection's two gradients).
+
+    When the layer is split, the runtime sums the gradients shard by shard where a layer reading
+    the tensor took its shards directly (a split layer with the same shards), and sums the whole
+    gradient of the joined tensor otherwise (``planchecks.resolve_plan`` decides which).
+
+    Example:
+        >>> from kerasflow.planner import Op
+        >>> def backward(name, layer=None, type=""):
+        ...     return Op(name, type=type, layer=layer, phase="backward", output_bytes=[4])
+        >>> graph = OpGraph([backward("gradient_tape/a/MatMul", "a"), backward("gradient_tape/b/MatMul", "b"),
+        ...                  backward("AddN", type="AddN"), backward("gradient_tape/stem/MatMul", "stem")],
+        ...                 [("gradient_tape/a/MatMul", "AddN", 0), ("gradient_tape/b/MatMul", "AddN", 0),
+        ...                  ("AddN", "gradient_tape/stem/MatMul", 0)])
+        >>> gradient_sums(graph), split_groups(graph)[2]
+        ([2], 'stem')
+    """
+    groups = split_groups(graph)
+    return [i for i in _gradient_sum_candidates(graph) if groups[i] is not None]
+
+
+def layer_readers(graph: OpGraph) -> dict[str, frozenset[str]]:
+    """Each split group (``split_groups``) -> the other groups whose forward ops read its forward
+    ops' outputs: the layers that take a layer's output.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> sorted(layer_readers(synthetic.chain_mlp(layers=2))["dense_0"])
+        ['dense_1']
+    """
+    structure = graph._structure
+    cached = structure.cache.get("layer_readers")
+    if cached is None:
+        groups, ops = split_groups(graph), graph.ops
+        readers: dict[str, set[str]] = {}
+        for p, outputs in enumerate(structure.outputs):
+            if groups[p] is None or ops[p].phase != "forward":
+                continue
+            for k, consumers in outputs:
+                for c in consumers:
+                    if k >= 0 and groups[c] not in (None, groups[p]) and ops[c].phase == "forward":
+                        readers.setdefault(groups[p], set()).add(groups[c])
+        cached = structure.cache["layer_readers"] = {g: frozenset(r) for g, r in readers.items()}
     return cached
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .cluster import Cluster
 from .errors import InvalidPlanError
 from .graph import OpGraph
-from .graphtables import batch_ops, colocation_groups, group_ops, split_groups
+from .graphtables import batch_ops, colocation_groups, gradient_sums, group_ops, layer_readers, split_groups
 from .plan import Plan
 from .toposort import topological_order
 
@@ -30,6 +30,8 @@ class ResolvedPlan:
         place: per op, its device (without data parallelism), else None.
         replica_devices: the data-parallel replicas' devices, else empty.
         shards_of_layer: split layer -> ((device, fraction), ...).
+        whole: ops of split layers that run once all the same: a layer's sum of gradients that
+            no shard with the layer's shards feeds (``graphtables.gradient_sums``).
         wave_count, wave_fraction: the waves, and each one's share of the batch.
         stage_maps: per wave, device -> device, or None for identity.
     """
@@ -38,6 +40,7 @@ class ResolvedPlan:
     place: list[int] | None
     replica_devices: list[int]
     shards_of_layer: dict[str, tuple[tuple[int, float], ...]]
+    whole: frozenset[int]
     wave_count: int
     wave_fraction: list[float]
     stage_maps: list[dict[int, int] | None]
@@ -83,7 +86,20 @@ def resolve_plan(graph: OpGraph, cluster: Cluster, plan: Plan) -> ResolvedPlan:
         what = f"waves.stage_maps[{w}]"
         stage_maps.append({device_index(cluster, a, what): device_index(cluster, b, what)
                            for a, b in waves.stage_maps[w].items()})
-    return ResolvedPlan(is_batch, place, replica_devices, shards_of_layer, wave_count, wave_fraction, stage_maps)
+    return ResolvedPlan(is_batch, place, replica_devices, shards_of_layer, _whole_sums(graph, shards_of_layer),
+                        wave_count, wave_fraction, stage_maps)
+
+
+def _whole_sums(graph: OpGraph, shards_of_layer: dict) -> frozenset[int]:
+    """The split layers' sums of gradients that run whole: the runtime sums the gradients of a
+    split layer's output shard by shard only where a layer reading the output took its shards
+    directly (one split with the same shards); otherwise it sums the whole gradient of the
+    joined output, then cuts it."""
+    if not shards_of_layer:
+        return frozenset()
+    groups, readers = split_groups(graph), layer_readers(graph)
+    return frozenset(i for i in gradient_sums(graph) if groups[i] in shards_of_layer and not any(
+        shards_of_layer.get(reader) == shards_of_layer[groups[i]] for reader in readers.get(groups[i], ())))
 
 
 def _placement(graph: OpGraph, cluster: Cluster, plan: Plan, is_batch: list[bool]) -> list[int]:

@@ -189,7 +189,7 @@ class _Builder:
         """Checks the plan and reads where each op goes, its copies and the replicas."""
         checked = resolve_plan(self.graph, self.cluster, self.plan)
         self.is_batch, self.place, self.replica_devices = checked.is_batch, checked.place, checked.replica_devices
-        self.shards_of_layer, self.stage_maps = checked.shards_of_layer, checked.stage_maps
+        self.shards_of_layer, self.whole, self.stage_maps = checked.shards_of_layer, checked.whole, checked.stage_maps
         self.wave_count, self.wave_fraction = checked.wave_count, checked.wave_fraction
         self.dp = self.plan.data_parallel is not None
         self.replicas = self.replica_devices if self.dp else [None]
@@ -220,7 +220,7 @@ class _Builder:
                 if not self.is_batch[i]:
                     yield replica, i, home, self.replica_batch, -1, -1
                     continue
-                shards = None if dp else self.shards_of_layer.get(groups[i])
+                shards = None if dp or i in self.whole else self.shards_of_layer.get(groups[i])
                 for w in range(self.wave_count):
                     wave_batch = self.replica_batch * self.wave_fraction[w]
                     stage = self.stage_maps[w]
@@ -308,7 +308,7 @@ class _Builder:
             per_wave = copies[r].get(i)
             if per_wave is None:
                 per_wave = copies[r][i] = [[] for _ in range(self.wave_count)]
-                self.signature[i] = (None if dp else self.shards_of_layer.get(groups[i])) or ()
+                self.signature[i] = (None if dp or i in self.whole else self.shards_of_layer.get(groups[i])) or ()
             name = copy_name(op.name, replica=replica, wave=w if waved else -1, shard=s)
             t = tg.add(name, i, "op", device, self._duration(op, device, batch_share),
                        tuple(x.at(batch_share) for x in op.output_bytes), op.temp_bytes.at(batch_share),

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from kerasflow.planner.costmodel import METADATA_OP_TYPES
 from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.graphtables import WEIGHT_READING_LOOPS, split_groups, weight_bound_layers
+from kerasflow.planner.graphtables import WEIGHT_READING_LOOPS, gradient_sums, split_groups, weight_bound_layers
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.tasknames import parse_copy_name
 from kerasflow.planner.toposort import topological_order
@@ -84,6 +84,11 @@ class PlanApplier:
         self.layer_device = {layer: max(v, key=lambda d: (v[d], d)) for layer, v in votes.items()}
         for layer, shards in plan.splits.items():
             self.layer_device.setdefault(layer, shards[0].device)
+        # The ops that read each of the tape's sums of gradients, by name -> the sum's name.
+        self.sum_of_readers = {frozenset(graph.ops[c].name for k, consumers in graph._structure.outputs[i] if k >= 0
+                                         for c in consumers): graph.ops[i].name
+                               for i in gradient_sums(graph)} if graph is not None else {}
+        self.traced_copies: dict[str, tuple[str, int, int]] = {}  # the last trace's sums: name -> copy
         self.last_report = ApplyReport()
         self.tensor_bytes: dict[str, float | None] = {}  # "<op>:<i>" -> bytes, from the last trace
         self.skip_order = False  # set when TensorFlow refused the ordered step
@@ -136,7 +141,27 @@ class PlanApplier:
             replica = replica_of(name)
             return (plan.data_parallel.devices[replica] if 0 <= replica < len(plan.data_parallel.devices)
                     else None), False
-        return self._device_of_copy(*split_name(name), op_type)
+        return self._device_of_copy(*self.copy_of(name), op_type)
+
+    def copy_of(self, name: str) -> tuple[str, int, int]:
+        """The profiled op a traced op is a copy of, with its wave and shard (-1 when none): its
+        name without those scopes (``split_name``); for a sum of gradients the tape made, the
+        profiled sum read by the same ops (found at the last trace: TensorFlow numbers those sums
+        by position, and a split layer's shards add some)."""
+        return self.traced_copies.get(name) or split_name(name)
+
+    def _find_sum(self, op: tf.Operation, live: dict[str, tf.Operation]) -> None:
+        """Records which profiled sum of gradients ``op`` is a copy of, if it is one: a sum
+        outside every scope whose live readers are one copy (wave and shard) of the readers of
+        a profiled sum."""
+        base, wave, shard = split_name(op.name)
+        if op.type != "AddN" or "/" in base or not self.sum_of_readers:
+            return
+        readers = [split_name(c.name) for t in op.outputs for c in t.consumers() if c.name in live]
+        copies = {(w, s) for _, w, s in readers}
+        profiled = self.sum_of_readers.get(frozenset(name for name, _, _ in readers))
+        if profiled is not None and len(copies) == 1:
+            self.traced_copies[op.name] = (profiled, *copies.pop())
 
     def device_inside_loop(self, name: str) -> str | None:
         """The planned device of an op inside a loop's body (``name`` as traced, which the
@@ -177,6 +202,9 @@ class PlanApplier:
         """
         report = ApplyReport()
         by_name = {op.name: op for op in ops}
+        self.traced_copies = {}
+        for op in ops:
+            self._find_sum(op, by_name)
         colocated = []
         for op in ops:
             if op.type == "Placeholder":
@@ -273,7 +301,7 @@ class PlanApplier:
             return
         keyed: dict[tuple[str, int, int], tf.Operation] = {}
         for op in ops:
-            keyed.setdefault(split_name(op.name), op)
+            keyed.setdefault(self.copy_of(op.name), op)
         folded = _folded_before_running(ops)
         chains = []
         for names in self.plan.order.values():

@@ -11,7 +11,6 @@ import dataclasses
 
 from kerasflow.devices import normalize_device
 from kerasflow.strategies.applier import PlanApplier
-from kerasflow.strategies.scopes import split_name
 
 __all__ = ["ExecutedTransfer", "PlacementMismatch", "PlacementReport", "start_recording", "read_back"]
 
@@ -148,7 +147,7 @@ def _mismatches(applier: PlanApplier, partition_graphs) -> list[PlacementMismatc
             name = _strip_call(node.name)
             if name is None or node.op in _NOT_PLACED or node.op.startswith(_TABLE_OPS):
                 continue
-            base, _, shard = split_name(name)
+            base, _, shard = applier.copy_of(name)
             if node.op.startswith(_RESOURCE_OPS):
                 # Runs where its variable lives: compare with the variable's planned home.
                 planned = plan.placement.get(base) if shard < 0 else None

@@ -15,7 +15,7 @@ from kerasflow.planner.splitting import (
     balanced_shards, critical_tasks, hybrid_splits, layer_weight_bytes, split_pays, splittable_layers,
     split_search,
 )
-from kerasflow.planner.graphtables import LOSS_GROUP
+from kerasflow.planner.graphtables import LOSS_GROUP, gradient_sums, split_groups
 from kerasflow.planner.taskgraph import build_task_graph
 from kerasflow.planner.simulator import run_task_graph
 from tests.planner.helpers import cluster, op
@@ -98,6 +98,48 @@ def test_a_loss_that_cannot_be_split_is_left_whole():
     with pytest.raises(InvalidPlanError, match="cannot be split"):
         simulate(graph, cluster(2), Plan(placement={o.name: "/D:0" for o in graph.ops},
                                          splits={LOSS_GROUP: balanced_shards(cluster(2), ["/D:0", "/D:1"])}))
+
+
+def residual_graph():
+    # stem -> branch -> res = stem + branch; backward, the tape sums the gradients of stem's
+    # output that come from res and from branch (AddN, outside every layer) for stem's gradient.
+    def step(name, layer, phase="forward", type=""):
+        return op(name, (0.0, 1.0), [(0, 4)], layer=layer, phase=phase, type=type, batch_axis=0)
+    return OpGraph([op("x", 0.0, [(0, 4)], phase="other"), step("stem/op", "stem"), step("branch/op", "branch"),
+                    step("res/op", "res"), step("gradient_tape/res/op", "res", "backward"),
+                    step("gradient_tape/branch/op", "branch", "backward"), step("AddN", None, "backward", "AddN"),
+                    step("gradient_tape/stem/op", "stem", "backward")],
+                   [("x", "stem/op", 0), ("stem/op", "branch/op", 0), ("stem/op", "res/op", 0),
+                    ("branch/op", "res/op", 0), ("res/op", "gradient_tape/res/op", 0),
+                    ("gradient_tape/res/op", "gradient_tape/branch/op", 0), ("gradient_tape/res/op", "AddN", 0),
+                    ("gradient_tape/branch/op", "AddN", 0), ("AddN", "gradient_tape/stem/op", 0)], batch_size=8)
+
+
+@pytest.mark.parametrize("layers, sum_copies", [
+    (("stem", "branch", "res"), ["AddN@s0", "AddN@s1"]),  # both readers of stem's output take its shards
+    (("stem", "res"), ["AddN@s0", "AddN@s1"]),            # res does
+    (("stem",), ["AddN"]),                               # neither: the whole gradient is summed, then cut
+    (("branch", "res"), ["AddN"]),                       # stem is whole
+])
+def test_a_residual_gradient_sum_is_split_with_its_layer_where_a_reader_takes_the_shards(layers, sum_copies):
+    graph = residual_graph()
+    assert splittable_layers(graph) == {"stem", "branch", "res"}
+    c = cluster(2)
+    splits = {layer: balanced_shards(c, ["/D:0", "/D:1"]) for layer in layers}
+    tg = build_task_graph(graph, c, Plan(placement={o.name: "/D:0" for o in graph.ops}, splits=splits))
+    assert sorted(tg.names[t] for t in range(len(tg)) if tg.role[t] == "op" and tg.names[t].startswith("AddN")) \
+        == sum_copies
+
+
+def test_a_gradient_sum_read_by_two_layers_belongs_to_neither():
+    # The sum of a model input's gradients feeds two layers' backward passes: no layer made the
+    # summed tensor, so no split copies the sum.
+    graph = residual_graph()
+    extra = op("gradient_tape/other/op", (0.0, 1.0), [(0, 4)], layer="other", phase="backward", batch_axis=0)
+    graph = OpGraph(list(graph.ops) + [extra], list(graph.edges) + [("AddN", "gradient_tape/other/op", 0)],
+                    batch_size=8)
+    assert split_groups(graph)[graph.index("AddN")] is None and gradient_sums(graph) == []
+    assert split_groups(residual_graph())[residual_graph().index("AddN")] == "stem"
 
 
 def test_balanced_shards_follow_device_speed():

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 import kerasflow
 from kerasflow.planner import Shard, baselines, cpop, heft, one_copy_data_parallel, simulate, ticktock
-from kerasflow.planner.graphtables import LOSS_GROUP
+from kerasflow.planner.graphtables import LOSS_GROUP, gradient_sums
 from kerasflow.planner.plan import Plan
 
 DEVICES = ["/CPU:0", "/CPU:1"]
@@ -246,3 +246,75 @@ def test_batch_statistics_go_around_the_ring_as_simulated(normalized_cnn):
     # 4 rings x 2 = 8 chunks of 32 bytes each way.
     assert {pair: (count - alone[pair][0], nbytes - alone[pair][1]) for pair, (count, nbytes) in sent.items()} == {
         (DEVICES[0], DEVICES[1]): (8, 8 * 32.0), (DEVICES[1], DEVICES[0]): (8, 8 * 32.0)}
+
+
+def residual_model():
+    """A residual block as the Keras functional-API guide writes one: the stem's output feeds the
+    branch and the sum, so the tape sums its two gradients."""
+    inputs = keras.Input((64,))
+    stem = keras.layers.Dense(64, activation="relu", name="stem")(inputs)
+    branch = keras.layers.Dense(64, activation="relu", name="branch")(stem)
+    summed = keras.layers.Add(name="residual")([stem, branch])
+    model = keras.Model(inputs, keras.layers.Dense(10, name="head")(summed))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+@pytest.fixture(scope="module")
+def residual():
+    keras.utils.set_random_seed(0)
+    strategy = kerasflow.FastTStrategy(devices=DEVICES, verbose=0)
+    with strategy.scope():
+        model = residual_model()
+    model.fit(dataset(), epochs=1, verbose=0)
+    return strategy, model, strategy.profile
+
+
+def split(*layers):
+    return lambda g, c: Plan(placement=on_first(g), splits={layer: halves() for layer in layers}, batch_size=BATCH)
+
+
+RESIDUAL_PLAN_KINDS = {
+    # The sum of the stem's gradients runs shard by shard where a consumer of the stem's output
+    # took its shards (both, or the sum alone), and whole when neither did.
+    "a split residual block": split("stem", "branch", "residual"),
+    "a split stem and sum, the branch whole": split("stem", "residual"),
+    "a split stem, its consumers whole": split("stem"),
+    "hybrid (HEFT around a split residual block)": lambda g, c: heft(
+        g, c, batch_size=BATCH, splits={layer: halves() for layer in ("stem", "branch", "residual", "head", LOSS_GROUP)}),
+}
+
+
+@pytest.mark.parametrize("kind", list(RESIDUAL_PLAN_KINDS))
+def test_a_split_residual_block_sums_its_gradients_as_simulated(residual, kind):
+    strategy, model, graph = residual
+    plan = RESIDUAL_PLAN_KINDS[kind](graph, strategy.cluster)
+    sums = {graph.ops[i].name for i in gradient_sums(graph)}
+    assert len(sums) == 1, "the tape sums the stem's two gradients"
+    sends_as_simulated(strategy, model, dataset(), graph, plan)
+    copies = {name for name in strategy.plan.order.get(DEVICES[1], []) if name.split("@")[0] in sums} if plan.order else set()
+    assert strategy.placement_report().not_applied == []
+    if kind.startswith("hybrid"):
+        assert copies, "the sum's shard copy is ordered on the second device"
+
+
+def test_a_split_residual_block_trains_like_plain_keras():
+    # The stem, the branch, the sum, the head and the loss split in halves from the second epoch
+    # on (the first profiles the step): losses and weights equal plain Keras'.
+    def trained(strategy, split_after_the_first_epoch=False):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = residual_model()
+        losses = model.fit(dataset(), epochs=1, verbose=0).history["loss"]
+        if split_after_the_first_epoch:
+            strategy.use_plan(split("stem", "branch", "residual", "head", LOSS_GROUP)(strategy.profile, None))
+        losses += model.fit(dataset(), epochs=2, verbose=0).history["loss"]
+        return losses, model.get_weights()
+
+    plain_losses, plain_weights = trained(tf.distribute.get_strategy())
+    strategy = kerasflow.FastTStrategy(devices=DEVICES, verbose=0)
+    losses, weights = trained(strategy, split_after_the_first_epoch=True)
+    assert strategy.plan_in_force and LOSS_GROUP in strategy.plan.splits and strategy.placement_report() == []
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
+    for got, expected in zip(weights, plain_weights):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
