@@ -320,13 +320,17 @@ def loss_combines_by_share(model: Any, masked: bool) -> bool:
     the unmasked entries of the whole batch). False where the losses cannot be read."""
     from kerasflow.profiling.splittable import is_splittable_loss
 
-    losses = getattr(compiled_loss(model), "_flat_losses", None)
-    return bool(losses) and not masked and all(is_splittable_loss(entry[1]) for entry in losses)
+    entries = getattr(compiled_loss(model), "_flat_losses", None)  # (path, loss, weight, name) in Keras 3.15
+    losses = [entry[1] if isinstance(entry, tuple) else entry for entry in entries or ()]
+    return bool(losses) and not masked and all(is_splittable_loss(loss) for loss in losses)
 
 
 def carries_mask(structure: Any) -> bool:
     """Whether a tensor of ``structure`` (a model's predictions) carries a Keras mask."""
     return any(getattr(t, "_keras_mask", None) is not None for t in tf.nest.flatten(structure))
+
+
+_COUNTING = "_kerasflow_counting"  # a tracker's own update_state and the share it counts, while counting
 
 
 @contextlib.contextmanager
@@ -335,15 +339,21 @@ def loss_trackers_counting(model: Any, share):
     3 would count as one (a batch of unknown static size) as ``share`` of one: a wave or a
     replica computes the loss of ``share`` of the batch, and the shares of one step must count as
     plain Keras counts the step, once, or the per-output means over ``fit`` are weighted by the
-    number of parts. tf-keras weighs each update by its dynamic batch size already.
+    number of parts. Inside another (a shard of a wave's loss), the shares multiply. tf-keras
+    weighs each update by its dynamic batch size already.
     """
     compile_loss = getattr(model, "_compile_loss", None) if flavor(model) == "keras3" else None
     trackers = [metric for metric in (getattr(compile_loss, "metrics", None) or []) if metric is not None]
     with contextlib.ExitStack() as stack:
         for tracker in trackers:
-            def counting(values, sample_weight=None, own=tracker.update_state):
-                return own(values, sample_weight=share if sample_weight is None else sample_weight)
+            # Nested (a shard of a wave's loss): the shares multiply.
+            own, outer = tracker.__dict__.get(_COUNTING, (tracker.update_state, None))
+            weight = share if outer is None else outer * share
+
+            def counting(values, sample_weight=None, own=own, weight=weight):
+                return own(values, sample_weight=weight if sample_weight is None else sample_weight)
             stack.enter_context(overridden(tracker, "update_state", counting))
+            stack.enter_context(overridden(tracker, _COUNTING, (own, weight)))
         yield
 
 

@@ -16,7 +16,7 @@ from .graph import OpGraph
 __all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "BatchStatistics", "batch_ops",
            "batch_statistics", "folded_ops", "variable_groups", "weight_bound_layers", "colocation_groups",
            "static_tables", "durations", "LOSS_GROUP", "split_groups", "is_loss_op", "group_ops",
-           "gradient_sums", "layer_readers"]
+           "gradient_sums", "gradient_sum_readers", "layer_readers"]
 
 BATCH_PHASES = ("forward", "backward")
 
@@ -89,6 +89,25 @@ def gradient_sums(graph: OpGraph) -> list[int]:
     """
     groups = split_groups(graph)
     return [i for i in _gradient_sum_candidates(graph) if groups[i] is not None]
+
+
+def gradient_sum_readers(graph: OpGraph) -> dict[str, frozenset[str]]:
+    """Each of the tape's sums of gradients that belong to a layer (``gradient_sums``), by name ->
+    the names of the ops that read it: what the runtime knows a traced sum by, since TensorFlow
+    numbers the sums by position and a split layer's shards add some.
+
+    Example:
+        >>> from kerasflow.planner import Op
+        >>> backward = lambda name, layer=None: Op(name, type="AddN" if layer is None else "",
+        ...                                         layer=layer, phase="backward", output_bytes=[4])
+        >>> graph = OpGraph([backward("gradient_tape/a/x", "a"), backward("AddN"), backward("gradient_tape/b/x", "b")],
+        ...                 [("gradient_tape/a/x", "AddN", 0), ("AddN", "gradient_tape/b/x", 0)])
+        >>> gradient_sum_readers(graph)
+        {'AddN': frozenset({'gradient_tape/b/x'})}
+    """
+    outputs, ops = graph._structure.outputs, graph.ops
+    return {ops[i].name: frozenset(ops[c].name for k, consumers in outputs[i] if k >= 0 for c in consumers)
+            for i in gradient_sums(graph)}
 
 
 def layer_readers(graph: OpGraph) -> dict[str, frozenset[str]]:

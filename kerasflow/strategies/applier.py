@@ -5,7 +5,8 @@ included). An op's device comes from the plan by name; ops the plan does not kno
 relaxed-shape retrace adds some) are placed by their layer's device, found from their name
 scope; copies made by splits (``.../shard<i>/...``) and waves (``wave<w>/...``) take their
 shard's device and their wave's stage map; a data-parallel replica's (``replica<r>/...``) its
-replica's device. Ops that take a variable run where the variable lives. A split layer's
+replica's device. A sum of gradients the tape made (``AddN``, numbered by position) is known by
+the ops that read it: the profiled sum with the same readers, in their shard. Ops that take a variable run where the variable lives. A split layer's
 shards are cut where their input is made and joined where the joined tensor is used, as the
 simulator's split and concat tasks run. An op left without a device
 whose consumers share one runs there (the sum of a split layer's weight gradients, created by
@@ -27,7 +28,7 @@ import tensorflow as tf
 
 from kerasflow.planner.costmodel import METADATA_OP_TYPES
 from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.graphtables import WEIGHT_READING_LOOPS, gradient_sums, split_groups, weight_bound_layers
+from kerasflow.planner.graphtables import WEIGHT_READING_LOOPS, gradient_sum_readers, split_groups, weight_bound_layers
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.tasknames import parse_copy_name
 from kerasflow.planner.toposort import topological_order
@@ -67,7 +68,8 @@ class PlanApplier:
         self.loops = [(op.name, op.name.split("/")) for op in graph.ops
                       if op.type in WEIGHT_READING_LOOPS] if graph is not None else []
         if graph is not None:
-            for op, layer in zip(graph.ops, split_groups(graph)):  # the compiled loss' ops: its pseudo-layer
+            # An op's split group: its layer, the compiled loss' pseudo-layer, a gradient sum's layer.
+            for op, layer in zip(graph.ops, split_groups(graph)):
                 if layer is None:
                     continue
                 self.layer_of[op.name] = layer
@@ -84,10 +86,9 @@ class PlanApplier:
         self.layer_device = {layer: max(v, key=lambda d: (v[d], d)) for layer, v in votes.items()}
         for layer, shards in plan.splits.items():
             self.layer_device.setdefault(layer, shards[0].device)
-        # The ops that read each of the tape's sums of gradients, by name -> the sum's name.
-        self.sum_of_readers = {frozenset(graph.ops[c].name for k, consumers in graph._structure.outputs[i] if k >= 0
-                                         for c in consumers): graph.ops[i].name
-                               for i in gradient_sums(graph)} if graph is not None else {}
+        # The names of the ops that read each of the tape's sums of gradients -> the sum's name.
+        self.sum_of_readers = {readers: name for name, readers in gradient_sum_readers(graph).items()
+                               } if graph is not None else {}
         self.traced_copies: dict[str, tuple[str, int, int]] = {}  # the last trace's sums: name -> copy
         self.last_report = ApplyReport()
         self.tensor_bytes: dict[str, float | None] = {}  # "<op>:<i>" -> bytes, from the last trace
@@ -154,8 +155,7 @@ class PlanApplier:
         """Records which profiled sum of gradients ``op`` is a copy of, if it is one: a sum
         outside every scope whose live readers are one copy (wave and shard) of the readers of
         a profiled sum."""
-        base, wave, shard = split_name(op.name)
-        if op.type != "AddN" or "/" in base or not self.sum_of_readers:
+        if op.type != "AddN" or "/" in split_name(op.name)[0] or not self.sum_of_readers:
             return
         readers = [split_name(c.name) for t in op.outputs for c in t.consumers() if c.name in live]
         copies = {(w, s) for _, w, s in readers}

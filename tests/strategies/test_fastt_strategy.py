@@ -11,6 +11,7 @@ import tensorflow as tf
 import kerasflow
 from kerasflow import InvalidPlanError, KerasflowError
 from kerasflow.planner import Cluster, Shard, heft
+from kerasflow.planner.graphtables import LOSS_GROUP
 from kerasflow.planner.onecopy import one_copy_data_parallel
 from kerasflow.planner.ticktock import with_waves
 from tests.profiling import models
@@ -137,6 +138,45 @@ def test_callback_route_and_loss():
     loss = fit(model, x, y, callbacks=[callback])
     assert loss == pytest.approx(baseline("mlp"), rel=1e-5)
     assert callback.plan is not None and callback.placement_report() == []
+
+
+@pytest.mark.parametrize("waves", [False, True])
+def test_a_split_loss_of_a_two_output_model_reports_every_loss_like_plain_keras(waves):
+    # Each output's loss runs as two shards (of each wave); its tracker (history's "kind_loss",
+    # "score_loss") counts the shards' updates as one, as plain Keras counts the step's.
+    def build():
+        keras.utils.set_random_seed(7)
+        inputs = keras.Input((8,))
+        hidden = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
+        model = keras.Model(inputs, {"score": keras.layers.Dense(1, name="score")(hidden),
+                                     "kind": keras.layers.Dense(3, name="kind")(hidden)})
+        model.compile("adam", loss={"score": "mse", "kind": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
+                      loss_weights={"score": 0.5, "kind": 1.0})
+        return model
+
+    # A partial last batch: the step is traced again for a batch of unknown size, whose trackers
+    # Keras counts once per update (not per sample).
+    rng = np.random.default_rng(3)
+    samples = STEPS * BATCH + 8
+    x = rng.random((samples, 8), dtype=np.float32)
+    y = {"score": rng.random((samples, 1), dtype=np.float32), "kind": rng.integers(0, 3, samples)}
+
+    def trained(model, **kwargs):
+        return model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False, validation_split=0.25,
+                         **kwargs).history
+
+    expected = trained(build())
+    model = build()
+    graph = kerasflow.profiling.profile_model(model, (x[:BATCH], {k: v[:BATCH] for k, v in y.items()}),
+                                              batch_size=BATCH, steps=1, second_batch=False)
+    halves = [Shard("/CPU:1", 0.5), Shard("/CPU:2", 0.5)]
+    plan = heft(graph, CLUSTER, splits={"score": halves, "kind": halves, LOSS_GROUP: halves})
+    callback = kerasflow.callbacks.FastT(plan=with_waves(plan, graph, CLUSTER) if waves else plan, verbose=0)
+    history = trained(model, callbacks=[callback])
+    assert {"kind_loss", "score_loss", "val_kind_loss"} <= history.keys() == expected.keys()
+    for key in expected:
+        np.testing.assert_allclose(history[key], expected[key], rtol=1e-5, err_msg=key)
+    assert callback.plan_in_force and (waves or callback.placement_report() == [])
 
 
 def test_plan_route_from_a_file(tmp_path):
