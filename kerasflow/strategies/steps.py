@@ -109,6 +109,18 @@ class _ShardChains:
         known = self._pieces.get(tensor.ref())
         return known[1] if known is not None and known[0] == signature else None
 
+    def cut(self, structure, signature: tuple, sizes: list, batch) -> list:
+        """``structure`` as one structure per shard: each batch tensor cut once into rows of
+        ``sizes`` (one op, where it was made), or taken as the shards it was joined from under
+        ``signature``; other values as they are."""
+        def pieces(t):
+            chained = self.pieces_of(t, signature)
+            return _Pieces(chained) if chained is not None else _split(t, sizes, batch)
+
+        cut = tf.nest.map_structure(pieces, structure)
+        return [tf.nest.map_structure(lambda p, i=i: p.parts[i] if isinstance(p, _Pieces) else p, cut)
+                for i in range(len(sizes))]
+
 
 class _Pieces:
     """One input's shards (a leaf for ``tf.nest``, unlike a list)."""
@@ -137,20 +149,15 @@ def split_call(original: Callable, shards, chains: _ShardChains | None = None,
     chains = chains if chains is not None else _ShardChains()
     signature = tuple((s.device, s.fraction) for s in shards)
 
-    def pieces(t, sizes, batch):
-        chained = chains.pieces_of(t, signature)
-        return _Pieces(chained) if chained is not None else _split(t, sizes, batch)
-
     @functools.wraps(original)
     def call(*args, **kwargs):
         batch = _batch_of((args, kwargs))
         sizes = _sizes(batch, [s.fraction for s in shards])
         with tf.name_scope(SHARD_INPUTS_SCOPE):
-            cut = tf.nest.map_structure(lambda t: pieces(t, sizes, batch), (args, kwargs))
+            per_shard = chains.cut((args, kwargs), signature, sizes, batch)
         outputs = []
         for i, shard in enumerate(shards):
-            piece_args, piece_kwargs = tf.nest.map_structure(
-                lambda p, i=i: p.parts[i] if isinstance(p, _Pieces) else p, cut)
+            piece_args, piece_kwargs = per_shard[i]
             with tf.device(shard.device), tf.name_scope(shard_scope(i)):
                 with weights_read_here() if weights_read_here is not None else contextlib.nullcontext():
                     outputs.append(original(*piece_args, **piece_kwargs))
@@ -178,19 +185,13 @@ def split_loss(original: Callable, shards, chains: _ShardChains, counting: Calla
     def call(y_true, y_pred, sample_weight=None):
         batch = _batch_of(y_pred)
         sizes = _sizes(batch, [s.fraction for s in shards])
-
-        def pieces(t):
-            chained = chains.pieces_of(t, signature)
-            return _Pieces(chained) if chained is not None else _split(t, sizes, batch)
-
         with tf.name_scope(SHARD_INPUTS_SCOPE):
-            cut = tf.nest.map_structure(pieces, (y_true, y_pred, sample_weight))
+            per_shard = chains.cut((y_true, y_pred, sample_weight), signature, sizes, batch)
             shares = [tf.cast(size, tf.float32) / tf.cast(batch, tf.float32) for size in sizes]
         values = []
         for i, shard in enumerate(shards):
-            piece = tf.nest.map_structure(lambda p, i=i: p.parts[i] if isinstance(p, _Pieces) else p, cut)
             with tf.device(shard.device), tf.name_scope(shard_scope(i)), counting(shares[i]):
-                values.append(original(*piece))
+                values.append(original(*per_shard[i]))
         with tf.name_scope(SHARD_OUTPUTS_SCOPE):
             return tf.add_n([value * tf.cast(share, value.dtype) for value, share in zip(values, shares)])
 
