@@ -17,7 +17,7 @@ __all__ = [
     "optimizer_names", "all_optimizers", "reindex_optimizers", "print_line", "fit_verbosity",
     "optimizer_variables", "metric_variables", "all_layers", "uses_jit", "disable_jit", "is_compiled",
     "strategy_scope", "run_step", "has_own_train_step",
-    "model_of_step_function", "compute_loss", "finish_step", "can_move_variables", "is_batch_normalization",
+    "model_of_step_function", "compute_loss", "track_loss", "step_metrics", "can_move_variables", "is_batch_normalization",
     "can_read_weights_per_copy",
     "weights_read_here", "override", "overridden", "is_movable", "backing_variable", "set_backing_variable",
     "forget_traced_functions", "on_fit_end", "loss_trackers_counting", "custom_gradients_forgotten",
@@ -366,11 +366,18 @@ def loss_for_gradients(model: Any, loss):
     return loss
 
 
-def finish_step(model: Any, x, y, prediction, sample_weight, loss, batch):
-    """Updates the loss tracker (Keras 3; tf-keras' compute_loss already did) and returns the
-    metrics ``train_step`` returns."""
+def track_loss(model: Any, loss, x) -> None:
+    """Updates the loss tracker with the loss of the batch ``x``, as Keras 3's ``train_step`` does
+    before it takes the gradients, with the batch's size read off ``x`` as it reads it: so the
+    step's top-level ops are made, and named, as in the profiled step, which the plan names
+    them by. tf-keras' ``compute_loss`` already did."""
     if flavor(model) == "keras3":
-        model._loss_tracker.update_state(loss, sample_weight=batch)
+        model._loss_tracker.update_state(loss, sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
+
+
+def step_metrics(model: Any, x, y, prediction, sample_weight):
+    """The metrics ``train_step`` returns, updated with the step's predictions."""
+    if flavor(model) == "keras3":
         return model.compute_metrics(x, y, prediction, sample_weight=sample_weight)
     return model.compute_metrics(x, y, prediction, sample_weight)
 

@@ -258,16 +258,26 @@ class _Builder:
             rows = [per_class[(d.kind, d.speed)] for d in devices]
             tg.duration = [rows[r][i] for i, r in enumerate(place)]
 
-    def _edge(self, p: int, k: int, nbytes: float, c: int) -> None:
+    def _edge(self, p: int, k: int, nbytes: float, c: int, wave: int = -1) -> None:
+        """``p``'s output ``k`` (``nbytes``) passed to ``c``: one transfer per output and
+        destination device, but one per wave for the reads a wave makes itself (``wave`` >= 0)."""
         tg = self.tg
         if tg.base[p] >= 0 and tg.base[c] >= 0 and self.folded[tg.base[p]] and self.folded[tg.base[c]]:
             nbytes = 0.0  # folded into one constant with its consumer: nothing passes between them
-        for entry in tg.outputs[p]:
-            if entry[0] == k and entry[1] == nbytes:
-                entry[2].append(c)
-                break
+        if wave >= 0:
+            key = (p, k, nbytes, wave)
+            consumers = self.wave_reads.get(key)
+            if consumers is None:
+                consumers = self.wave_reads[key] = []
+                tg.outputs[p].append((k, nbytes, consumers))
+            consumers.append(c)
         else:
-            tg.outputs[p].append((k, nbytes, [c]))
+            for entry in tg.outputs[p]:
+                if entry[0] == k and entry[1] == nbytes:
+                    entry[2].append(c)
+                    break
+            else:
+                tg.outputs[p].append((k, nbytes, [c]))
         tg.npreds[c] += 1
 
     def _build_general(self) -> None:
@@ -318,6 +328,7 @@ class _Builder:
         self.statistics = batch_statistics(graph) if dp else None
         self.synchronized = dp and plan.synchronizes_statistics
         self.combines: dict[tuple, int] = {}
+        self.wave_reads: dict[tuple, list[int]] = {}
         self.splitters: dict[tuple, int] = {}
         self.allreduces: dict[tuple[int, int], int] = {}
         self.reductions: dict[tuple[int, int], tuple[Affine, list[int]]] = {}
@@ -361,8 +372,12 @@ class _Builder:
                 # A variable's handle passed to a loop that reads it inside: a copy of the loop
                 # away from the variable computes with the weights read for it and sent over.
                 out, sent = Affine(float(ops[p].persistent_bytes), 0.0), float(ops[p].persistent_bytes)
+            # Each wave runs the model's call again, so it reads a weight (or computes any
+            # other value that does not scale with the batch) again, and sends it again to a
+            # copy on another device.
             for w, targets in enumerate(self.copies[r][c]):
-                self._one_to_many(src, k, out, sent, targets, (p, k, r, w, self.signature[c]))
+                self._one_to_many(src, k, out, sent, targets, (p, k, r, w, self.signature[c]),
+                                  wave=w if self.wave_count > 1 else -1)
             return
         synchronized_reduction = self.synchronized and k >= 0 and p in self.statistics.reductions
         if not cb:
@@ -414,11 +429,12 @@ class _Builder:
             return wave * len(self.rank) + self.rank[op]
         return self.rank[op] * self.wave_count + wave
 
-    def _one_to_many(self, src, k, out: Affine, src_bytes, targets, key) -> None:
-        """Sends ``src``'s output to each target copy, through a split task when sliced."""
+    def _one_to_many(self, src, k, out: Affine, src_bytes, targets, key, wave: int = -1) -> None:
+        """Sends ``src``'s output to each target copy, through a split task when sliced (per
+        ``wave`` when it is one wave's read of a value, see ``_edge``)."""
         if k < 0 or len(targets) == 1 or not out.scales_with_batch:
             for dst, db in targets:
-                self._edge(src, k, min(src_bytes, out.at(db)) if k >= 0 else 0.0, dst)
+                self._edge(src, k, min(src_bytes, out.at(db)) if k >= 0 else 0.0, dst, wave)
             return
         splitter = self.splitters.get(key)
         if splitter is None:

@@ -273,8 +273,8 @@ class PlanApplier:
     def _place_by_consumers(by_name: dict[str, tf.Operation], report: ApplyReport) -> None:
         """Ops without a device whose consumers all run on one device go there (last ops first,
         so a chain of them follows its end). A join of shards used on several devices is made
-        once on each, as the simulator gathers once per consuming device; a constant read on
-        several devices goes to the first."""
+        once on each, as the simulator gathers once per consuming device; a constant or a scalar
+        read on several devices goes to the first."""
         for name in reversed(list(report.unplaced)):
             op = by_name[name]
             users: dict[str, list[tuple[tf.Operation, int]]] = {}
@@ -283,11 +283,14 @@ class PlanApplier:
                 for index, tensor in enumerate(consumer.inputs):
                     if tensor.op is op:
                         users.setdefault(consumer.device, []).append((consumer, index))
-            if not users or "" in users or (len(users) > 1 and not _copyable_join(op) and op.type != "Const"):
+            read_anywhere = op.type == "Const" or _scalar(op)
+            if not users or "" in users or (len(users) > 1 and not _copyable_join(op) and not read_anywhere):
                 continue
             first, *others = sorted(users)
-            op._set_device(first)  # a constant read on several devices: TensorFlow folds it where read
-            others = others if op.type != "Const" else []
+            # A constant read on several devices: TensorFlow folds it where read; a scalar (a
+            # wave's share of the batch) is made once and sent.
+            op._set_device(first)
+            others = others if not read_anywhere else []
             for device in others:
                 _join_on(op, device, users[device])
             report.unplaced.remove(name)
@@ -343,6 +346,10 @@ class PlanApplier:
 
 def _first_three(names: list[str]) -> str:
     return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
+def _scalar(op: tf.Operation) -> bool:
+    return bool(op.outputs) and all(t.shape.rank == 0 for t in op.outputs)
 
 
 def _copyable_join(op: tf.Operation) -> bool:

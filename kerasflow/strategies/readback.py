@@ -145,7 +145,8 @@ def _mismatches(applier: PlanApplier, partition_graphs) -> list[PlacementMismatc
     for partition in partition_graphs:
         for node in partition.node:
             name = _strip_call(node.name)
-            if name is None or node.op in _NOT_PLACED or node.op.startswith(_TABLE_OPS):
+            if (name is None or node.op in _NOT_PLACED or node.op.startswith(_TABLE_OPS)
+                    or _partitioner_made(name)):
                 continue
             base, _, shard = applier.copy_of(name)
             if node.op.startswith(_RESOURCE_OPS):
@@ -203,6 +204,19 @@ def _loop_value(tensor: str, nodes: dict) -> str:
             return tensor
         name = node.input[0].split(":")[0] if kind != "Enter" else node.input[0]
     return name
+
+
+def _partitioner_made(name: str) -> bool:
+    """Whether TensorFlow's partitioner added the node: it names what it adds to carry a control
+    edge between devices (a ``_Recv`` and the ``Identity`` after it) ``<source op>/_<number>``,
+    on the destination's device.
+
+    Example:
+        >>> _partitioner_made("wave0/model/dense/BiasAdd/_18"), _partitioner_made("model/dense/BiasAdd")
+        (True, False)
+    """
+    last = name.rsplit("/", 1)[-1]
+    return last.startswith("_") and last[1:].isdigit()
 
 
 def _strip_call(name: str) -> str | None:

@@ -102,12 +102,12 @@ class _ShardChains:
             if isinstance(tensor, tf.Tensor):
                 self._pieces[tensor.ref()] = (signature, [tf.nest.flatten(p)[i] for p in pieces])
 
-    def pieces_of(self, tensor, signature: tuple) -> list | None:
-        """The shards ``tensor`` was concatenated from under ``signature``, else None."""
+    def pieces_of(self, tensor, signature: tuple | None = None) -> list | None:
+        """The shards ``tensor`` was concatenated from (under ``signature``, when given), else None."""
         if not isinstance(tensor, tf.Tensor):
             return None
         known = self._pieces.get(tensor.ref())
-        return known[1] if known is not None and known[0] == signature else None
+        return known[1] if known is not None and signature in (None, known[0]) else None
 
     def cut(self, structure, signature: tuple, sizes: list, batch) -> list:
         """``structure`` as one structure per shard: each batch tensor cut once into rows of
@@ -275,14 +275,15 @@ class PlannedStep:
         graph = tf.compat.v1.get_default_graph()
         start = last_op_id(graph)
         plan = self.applier.plan
+        chains = _ShardChains()
         with contextlib.ExitStack() as patches:
             if not self.custom_step:
-                self._patch_layers(plan, patches)
+                self._patch_layers(plan, patches, chains)
             with graph.device(_DeviceInsideFunctions(graph, self.applier)):
                 if plan.data_parallel is not None:
                     outputs = self._replicated(data)
                 elif plan.waves is not None and plan.waves.count > 1 and not self.custom_step:
-                    outputs = self._waves(data)
+                    outputs = self._waves(data, chains)
                 else:
                     outputs = self.original(data)
         returned = [t for t in tf.nest.flatten(outputs) if isinstance(t, (tf.Tensor, tf.Operation))]
@@ -295,14 +296,13 @@ class PlannedStep:
         effects_wait_for_the_batch(data, new_ops)
         return outputs
 
-    def _patch_layers(self, plan, patches: contextlib.ExitStack) -> None:
+    def _patch_layers(self, plan, patches: contextlib.ExitStack, chains: _ShardChains) -> None:
         """Wraps the ``call`` of the plan's split layers (as shards), of the compiled loss when the
         plan splits it (``LOSS_GROUP``) and, when the step runs as waves, of the layers whose loops
         read their weights (read where each wave runs), until ``patches`` closes after the trace."""
         by_name = {layer.name: layer for layer in _compat.all_layers(self.model)}
         bound = self.applier.weight_bound_layers
         waves = plan.waves is not None and plan.waves.count > 1 and plan.data_parallel is None
-        chains = _ShardChains()
         for layer_name in sorted(set(plan.splits) | (bound if waves else set())):
             layer = by_name.get(layer_name)
             if layer is None:
@@ -317,34 +317,39 @@ class PlannedStep:
             patches.enter_context(_compat.overridden(
                 compiled, "call", split_loss(compiled.call, plan.splits[LOSS_GROUP], chains, counting)))
 
-    def _waves(self, data):
+    def _waves(self, data, chains: _ShardChains):
         """One step as micro-batches whose scaled gradients are summed before one update."""
         model = self.model
         x, y, sample_weight = _unpack(data)
         batch = _batch_of(x)
         variables = model.trainable_weights
-        predictions, losses, gradients = self._micro_batches(x, y, sample_weight, batch, batch, variables)
-        model.optimizer.apply_gradients(zip(gradients, variables))
+        predictions, losses, gradients = self._micro_batches(x, y, sample_weight, batch, batch, variables, chains)
         with tf.name_scope(WAVES_SCOPE):
             prediction = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
             loss = tf.add_n(losses)
-        return _compat.finish_step(model, x, y, prediction, sample_weight, loss, batch)
+        _compat.track_loss(model, loss, x)
+        model.optimizer.apply_gradients(zip(gradients, variables))
+        return _compat.step_metrics(model, x, y, prediction, sample_weight)
 
-    def _micro_batches(self, x, y, sample_weight, size, whole, variables):
+    def _micro_batches(self, x, y, sample_weight, size, whole, variables, chains: _ShardChains | None = None):
         """The plan's waves over ``size`` rows (of a batch of ``whole``): each wave's predictions,
-        its loss scaled by its share of ``whole``, and the sum of the scaled gradients."""
+        its loss scaled by its share of ``whole``, and the sum of the scaled gradients.
+
+        With the Tick-Tock offset, a wave starts once the previous wave's prediction is made: its
+        shards, where a split output layer made it (``chains``), so that the joined prediction,
+        which a split loss does not read, is not made for the barrier alone."""
         model, waves = self.model, self.applier.plan.waves
         count = waves.count if waves is not None else 1
         sizes = _sizes(size, [waves.fraction(w) for w in range(count)] if count > 1 else [1.0])
         total_gradients, predictions, losses = None, [], []
-        start, previous_forward = 0, None
+        start, previous_forward = 0, []
         for w, part in enumerate(sizes):
             # The waves' own bookkeeping (slices, shares, sums) under one scope of its own, so
             # it shifts none of the names the profiled step's ops have (the plan names them).
             with tf.name_scope(WAVES_SCOPE):
                 xw, yw, sw = _slice((x, y, sample_weight), start, part, size)
                 share = tf.cast(part, tf.float32) / tf.cast(whole, tf.float32)
-            barrier = [previous_forward] if previous_forward is not None and waves.offset == "forward" else []
+            barrier = previous_forward if waves is not None and waves.offset == "forward" else []
             scope = tf.name_scope(wave_scope(w)) if count > 1 else contextlib.nullcontext()
             with scope, tf.control_dependencies(barrier):
                 with tf.GradientTape() as tape:
@@ -354,7 +359,8 @@ class PlannedStep:
                     scaled = tf.cast(loss, tf.float32) * share
                     for_gradients = _compat.loss_for_gradients(model, scaled)
                 gradients = tape.gradient(for_gradients, variables)
-            previous_forward = tf.nest.flatten(prediction)[0]
+            made = tf.nest.flatten(prediction)[0]
+            previous_forward = (chains.pieces_of(made) if chains is not None else None) or [made]
             predictions.append(prediction)
             losses.append(scaled)
             with tf.name_scope(WAVES_SCOPE):
@@ -399,7 +405,8 @@ class PlannedStep:
                 with tf.name_scope(WAVES_SCOPE):
                     prediction = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
                     own_mean = tf.math.divide_no_nan(tf.add_n(losses) * tf.cast(batch, tf.float32), tf.cast(size, tf.float32))
-                metrics = _compat.finish_step(model, xr, yr, prediction, sr, own_mean, size)
+                _compat.track_loss(model, own_mean, xr)
+                metrics = _compat.step_metrics(model, xr, yr, prediction, sr)
         return metrics
 
 

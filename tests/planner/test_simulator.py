@@ -192,6 +192,26 @@ def test_weights_are_copied_to_every_shard_and_gradients_summed():
     assert result.link_bytes == {("/D:0", "/D:1"): 12.0, ("/D:1", "/D:0"): 8.0}
 
 
+def test_each_wave_sends_a_split_layers_weights_again():
+    # The graph above as two waves of one sample: each wave runs the model's call again and so
+    # reads w again, and D1's shard of each wave receives its 8 B (the runtime's reads, one per
+    # wave); each wave's split of x sends D1 its 2 B (half a sample); both waves' gradients
+    # (8 B each) come back to one sum. Before, one copy of w served both waves: 12 B, not 20.
+    graph = OpGraph([
+        op("v", 0.0, [8], phase="other", persistent_bytes=24, colocation="v"),
+        op("w", 0.0, [8], colocation="v"),
+        op("x", 0.0, [(0, 4)], phase="other"),
+        op("m", (0.0, 1.0), [8], layer="L", batch_axis=0, phase="backward"),
+        op("u", 1.0, [], phase="update", colocation="v"),
+    ], [("v", "w", 0), ("w", "m", 0), ("x", "m", 0), ("m", "u", 0), ("v", "u", None)], batch_size=2)
+    plan = Plan(placement={n: "/D:0" for n in "vwxmu"}, splits={"L": [Shard("/D:0", 0.5), Shard("/D:1", 0.5)]},
+                waves=Waves(2))
+    result = simulate(graph, cluster(2, bandwidth=8.0), plan)
+    weights = [(t.dst, t.bytes) for t in result.transfers if t.task == "w"]
+    assert weights == [("/D:1", 8.0), ("/D:1", 8.0)]
+    assert result.link_bytes == {("/D:0", "/D:1"): 20.0, ("/D:1", "/D:0"): 16.0}
+
+
 def recurrent_graph(loop_type="While"):
     # A variable v (24 B) whose handle (0 B) goes into the recurrent layer's time loop, which
     # reads the weights inside and runs 1 s per sample on its input x (4 B per sample).
