@@ -40,7 +40,7 @@ from .ticktock import (
     batch_coupled_ops, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
 )
 
-__all__ = ["plan", "ranked_plans", "candidate_plans", "strongest_host", "order_if_faster", "tie_margin_for",
+__all__ = ["plan", "ranked_plans", "candidate_plans", "strongest_host", "order_if_faster", "split_start", "tie_margin_for",
            "CANDIDATES", "PLANNED_CANDIDATES", "TICK_TOCK_MODES", "TIE_MARGIN", "NOISE_TIES", "MAX_TIE_MARGIN",
            "PREDICTION_ERROR"]
 
@@ -253,8 +253,9 @@ def _add_split_candidate(graph: OpGraph, cluster: Cluster, base_name: str, make:
                          results: dict[str, Plan], computed: dict[str, Plan],
                          consider: Callable[[str, Callable[[], Plan]], None], fits: Callable[[Plan], bool],
                          max_evaluations: int, tick: Callable[[], None]) -> None:
-    """FastT's critical-path splitting from the best list schedule (or its data-parallel-like
-    hybrid, when that is faster), kept as ``<base>+split`` when it splits anything."""
+    """FastT's critical-path splitting from the best list schedule, or from its data-parallel-like
+    hybrid where that starts faster beyond the tie margin (``split_start``), kept as
+    ``<base>+split`` when it splits anything."""
     def schedule(splits):
         candidate = make(splits=splits)
         if not fits(candidate):
@@ -265,13 +266,29 @@ def _add_split_candidate(graph: OpGraph, cluster: Cluster, base_name: str, make:
     hybrid = hybrid_splits(graph, cluster, start)
     if hybrid:
         consider(f"{base_name}+hybrid", lambda: schedule(hybrid))
-        start = min((start, results.get(f"{base_name}+hybrid", start)), key=lambda p: p.predicted_step_time)
+        if f"{base_name}+hybrid" in results:
+            start = split_start(start, results[f"{base_name}+hybrid"], tie_margin_for(graph))
     best_split, _ = split_search(graph, cluster, start, schedule, max_evaluations=max_evaluations,
                                  progress=lambda _: tick())
     best_split = order_if_faster(best_split, graph, cluster, fits)
     if best_split.splits:
         name = f"{base_name}+split"
         results[name] = computed[name] = dataclasses.replace(best_split, algorithm=name)
+
+
+def split_start(schedule: Plan, hybrid: Plan, margin: float) -> Plan:
+    """Where the split search starts: the list schedule, unless its hybrid is faster by more
+    than ``margin`` (a fraction). A start within the margin is a tie, and the simpler plan wins
+    it, as among candidates: the greedy search only adds splits, so from the hybrid it cannot
+    leave the hybrid's. On GNMT over 8xH100-nvlink the hybrid starts 1 % faster than HEFT
+    (39.08 against 39.53 ms) and its search ends at 38.80 ms, HEFT's at 33.40 ms.
+
+    Example:
+        >>> schedule, hybrid = Plan(predicted_step_time=1.00), Plan(predicted_step_time=0.98)
+        >>> split_start(schedule, hybrid, 0.03) is schedule, split_start(schedule, hybrid, 0.01) is hybrid
+        (True, True)
+    """
+    return hybrid if hybrid.predicted_step_time * (1 + margin) < schedule.predicted_step_time else schedule
 
 
 def order_if_faster(candidate: Plan, graph: OpGraph, cluster: Cluster,

@@ -192,3 +192,28 @@ def test_skipping_wave_candidates_slower_than_the_fastest_changes_no_choice():
                 assert candidate.predicted_step_time == every[name].predicted_step_time
         assert ranked_plans(graph, preset, split=False, verbose=0)[0].algorithm in every
     assert skipped_any
+
+
+
+def test_the_split_search_starts_from_the_hybrid_only_where_it_leads_beyond_the_tie_margin():
+    from kerasflow.planner.planning import split_start
+
+    schedule = Plan(predicted_step_time=1.0)
+    for hybrid_seconds, margin, start in [(0.98, 0.03, "schedule"), (0.96, 0.03, "hybrid"), (0.98, 0.0, "hybrid"),
+                                          (1.0, 0.0, "schedule"), (1.2, 0.03, "schedule")]:
+        hybrid = Plan(predicted_step_time=hybrid_seconds)
+        assert split_start(schedule, hybrid, margin) is {"schedule": schedule, "hybrid": hybrid}[start]
+
+
+def test_a_search_from_the_hybrid_keeps_its_splits():
+    # One Inception block over 4xV100-pcie: the hybrid starts three times faster than the list
+    # schedule (1.83 against 5.91 ms), beyond any tie, so the search starts there and only adds.
+    from kerasflow.planner import synthetic
+    from kerasflow.planner.planning import candidate_plans
+
+    plans, _ = candidate_plans(synthetic.inception_like(blocks=1), "4xV100-pcie", split=True, tick_tock="off",
+                               max_split_evaluations=8, verbose=0)
+    hybrid = next(p for name, p in plans.items() if name.endswith("+hybrid"))
+    split = next(p for name, p in plans.items() if name.endswith("+split"))
+    assert hybrid.predicted_step_time * 3 < plans["heft-layers"].predicted_step_time
+    assert set(hybrid.splits) <= set(split.splits) and split.predicted_step_time <= hybrid.predicted_step_time
