@@ -40,8 +40,8 @@ from .ticktock import (
     batch_coupled_ops, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
 )
 
-__all__ = ["plan", "ranked_plans", "candidate_plans", "strongest_host", "order_if_faster", "split_start", "tie_margin_for",
-           "CANDIDATES", "PLANNED_CANDIDATES", "TICK_TOCK_MODES", "TIE_MARGIN", "NOISE_TIES", "MAX_TIE_MARGIN",
+__all__ = ["plan", "ranked_plans", "candidate_plans", "strongest_host", "order_if_faster", "split_start",
+           "tie_margin_for", "CANDIDATES", "PLANNED_CANDIDATES", "TICK_TOCK_MODES", "TIE_MARGIN", "NOISE_TIES", "MAX_TIE_MARGIN",
            "PREDICTION_ERROR"]
 
 TICK_TOCK_MODES = ("auto", "on", "off")
