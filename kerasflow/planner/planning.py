@@ -41,8 +41,8 @@ from .ticktock import (
 )
 
 __all__ = ["plan", "ranked_plans", "candidate_plans", "strongest_host", "order_if_faster", "split_start",
-           "tie_margin_for", "CANDIDATES", "PLANNED_CANDIDATES", "TICK_TOCK_MODES", "TIE_MARGIN", "NOISE_TIES", "MAX_TIE_MARGIN",
-           "PREDICTION_ERROR"]
+           "tie_margin_for", "CANDIDATES", "PLANNED_CANDIDATES", "TICK_TOCK_MODES", "TIE_MARGIN", "NOISE_TIES",
+           "MAX_TIE_MARGIN", "PREDICTION_ERROR"]
 
 TICK_TOCK_MODES = ("auto", "on", "off")
 
