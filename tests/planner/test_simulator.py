@@ -170,19 +170,26 @@ def test_split_and_concat_copies_cost_device_memory_time():
     assert result.makespan == pytest.approx(3.2 + 2.0)
 
 
-def test_weights_are_copied_to_every_shard_and_gradients_summed():
-    # A weight read w (fixed 8 B) feeds the split layer's two shards; each shard's weight
-    # gradient (fixed 8 B) is summed on the update's device.
-    graph = OpGraph([
+def weights_graph():
+    # A weight read w (fixed 8 B) feeds the split layer L's backward op m, whose weight gradient
+    # (fixed 8 B) the update u takes; x is the batch (4 B per sample).
+    return OpGraph([
         op("v", 0.0, [8], phase="other", persistent_bytes=24, colocation="v"),
         op("w", 0.0, [8], colocation="v"),
         op("x", 0.0, [(0, 4)], phase="other"),
         op("m", (0.0, 1.0), [8], layer="L", batch_axis=0, phase="backward"),
         op("u", 1.0, [], phase="update", colocation="v"),
     ], [("v", "w", 0), ("w", "m", 0), ("x", "m", 0), ("m", "u", 0), ("v", "u", None)], batch_size=2)
-    c = cluster(2, bandwidth=8.0)
-    plan = Plan(placement={n: "/D:0" for n in "vwxmu"}, splits={"L": [Shard("/D:0", 0.5), Shard("/D:1", 0.5)]})
-    result = simulate(graph, c, plan)
+
+
+def halves_of_l(**fields):
+    return Plan(placement={n: "/D:0" for n in "vwxmu"}, splits={"L": [Shard("/D:0", 0.5), Shard("/D:1", 0.5)]},
+                **fields)
+
+
+def test_weights_are_copied_to_every_shard_and_gradients_summed():
+    # Each shard of m gets w; each shard's gradient is summed on the update's device.
+    result = simulate(weights_graph(), cluster(2, bandwidth=8.0), halves_of_l())
     times = result.times()
     # D1: weights (1 s) then its 4 B slice (0.5 s) on the same link: m@s1 1.5-2.5; its
     # gradient back 2.5-3.5; sum at 3.5; u 3.5-4.5.
@@ -193,20 +200,11 @@ def test_weights_are_copied_to_every_shard_and_gradients_summed():
 
 
 def test_each_wave_sends_a_split_layers_weights_again():
-    # The graph above as two waves of one sample: each wave runs the model's call again and so
-    # reads w again, and D1's shard of each wave receives its 8 B (the runtime's reads, one per
-    # wave); each wave's split of x sends D1 its 2 B (half a sample); both waves' gradients
-    # (8 B each) come back to one sum. Before, one copy of w served both waves: 12 B, not 20.
-    graph = OpGraph([
-        op("v", 0.0, [8], phase="other", persistent_bytes=24, colocation="v"),
-        op("w", 0.0, [8], colocation="v"),
-        op("x", 0.0, [(0, 4)], phase="other"),
-        op("m", (0.0, 1.0), [8], layer="L", batch_axis=0, phase="backward"),
-        op("u", 1.0, [], phase="update", colocation="v"),
-    ], [("v", "w", 0), ("w", "m", 0), ("x", "m", 0), ("m", "u", 0), ("v", "u", None)], batch_size=2)
-    plan = Plan(placement={n: "/D:0" for n in "vwxmu"}, splits={"L": [Shard("/D:0", 0.5), Shard("/D:1", 0.5)]},
-                waves=Waves(2))
-    result = simulate(graph, cluster(2, bandwidth=8.0), plan)
+    # The same as two waves of one sample: each wave runs the model's call again and so reads w
+    # again, and D1's shard of each wave receives its 8 B (the runtime's reads, one per wave);
+    # each wave's split of x sends D1 its 2 B (half a sample); both waves' gradients (8 B each)
+    # come back to one sum. Before, one copy of w served both waves: 12 B, not 20.
+    result = simulate(weights_graph(), cluster(2, bandwidth=8.0), halves_of_l(waves=Waves(2)))
     weights = [(t.dst, t.bytes) for t in result.transfers if t.task == "w"]
     assert weights == [("/D:1", 8.0), ("/D:1", 8.0)]
     assert result.link_bytes == {("/D:0", "/D:1"): 20.0, ("/D:1", "/D:0"): 16.0}
