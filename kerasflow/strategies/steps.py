@@ -339,6 +339,7 @@ class PlannedStep:
         shards, where a split output layer made it (``chains``), so that the joined prediction,
         which a split loss does not read, is not made for the barrier alone."""
         model, waves = self.model, self.applier.plan.waves
+        chains = chains if chains is not None else _ShardChains()
         count = waves.count if waves is not None else 1
         sizes = _sizes(size, [waves.fraction(w) for w in range(count)] if count > 1 else [1.0])
         total_gradients, predictions, losses = None, [], []
@@ -360,7 +361,7 @@ class PlannedStep:
                     for_gradients = _compat.loss_for_gradients(model, scaled)
                 gradients = tape.gradient(for_gradients, variables)
             made = tf.nest.flatten(prediction)[0]
-            previous_forward = (chains.pieces_of(made) if chains is not None else None) or [made]
+            previous_forward = chains.pieces_of(made) or [made]
             predictions.append(prediction)
             losses.append(scaled)
             with tf.name_scope(WAVES_SCOPE):
