@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from operator import sub
 
 from .cluster import Cluster
 from .errors import InsufficientMemoryError
@@ -229,7 +230,7 @@ class _ListScheduler:
                 smallest_need = min(smallest_need, need)
                 continue
             duration = class_costs[device_class[d]][t]
-            begin, _ = slot(d, ready, duration)
+            begin = slot(d, ready, duration)
             key = (0 if preferred == d else 1, begin + duration, d) if preferred is not None else (
                 begin + duration, d)
             if best is None or key < best[0]:
@@ -323,37 +324,94 @@ def _arrival_function(device: list[int], finish: list[float], copies: list[list[
 
 
 class _Timelines:
-    """Per device: its idle gaps (sorted; the last one is open-ended) and its tasks by start."""
+    """Per device: its idle gaps, sorted, in blocks of at most ``2 * BLOCK`` (the last gap is
+    open-ended), and its tasks by start.
+
+    A long task ready early would otherwise step through every short gap after its ready time;
+    each block keeps its longest gap, so the search passes a block too short for the task in one
+    step (the gaps are the same as in one sorted list: only the search is shorter).
+    """
+
+    BLOCK = 64
 
     def __init__(self, count: int):
-        self.gap_starts: list[list[float]] = [[0.0] for _ in range(count)]
-        self.gap_ends: list[list[float]] = [[float("inf")] for _ in range(count)]
+        self.gap_starts: list[list[list[float]]] = [[[0.0]] for _ in range(count)]
+        self.gap_ends: list[list[list[float]]] = [[[float("inf")]] for _ in range(count)]
+        self.last_ends: list[list[float]] = [[float("inf")] for _ in range(count)]  # per block, its last gap's end
+        self.longest: list[list[float]] = [[float("inf")] for _ in range(count)]  # per block, its longest gap
         self.task_starts: list[list[float]] = [[] for _ in range(count)]
         self.sequence: list[list[int]] = [[] for _ in range(count)]
 
-    def slot(self, d: int, ready: float, duration: float) -> tuple[float, int]:
-        """The earliest start at or after ``ready`` in an idle gap of ``d``, and that gap."""
-        gs, ge = self.gap_starts[d], self.gap_ends[d]
+    def slot(self, d: int, ready: float, duration: float) -> float:
+        """The earliest start at or after ``ready`` in an idle gap of ``d``."""
+        return self._find(d, ready, duration)[0]
+
+    def _find(self, d: int, ready: float, duration: float) -> tuple[float, int, int]:
+        """``slot``'s start, and the block and position of its gap."""
+        last_ends = self.last_ends[d]
+        b = bisect_left(last_ends, ready)
+        gs, ge = self.gap_starts[d][b], self.gap_ends[d][b]
         q = bisect_left(ge, ready)
+        begin = gs[q] if gs[q] > ready else ready
+        if begin + duration <= ge[q]:
+            return begin, b, q
+        longest = self.longest[d]
+        # Later gaps start after ``ready``. A block is passed only when its longest gap is
+        # shorter than the task by more than rounding (a gap's length, end - start, is off by at
+        # most an ulp of its end: under 1e-9 s on any timeline shorter than 10^6 s), so the gap
+        # found is the one a scan of every gap finds.
+        cutoff = duration * (1 - 1e-9) - 1e-9
+        q += 1
         while True:
-            begin = gs[q] if gs[q] > ready else ready
-            if begin + duration <= ge[q]:
-                return begin, q
-            q += 1
+            for q in range(q, len(gs)):
+                if gs[q] + duration <= ge[q]:
+                    return gs[q], b, q
+            b += 1
+            while longest[b] < cutoff:
+                b += 1
+            gs, ge, q = self.gap_starts[d][b], self.gap_ends[d][b], 0
 
     def occupy(self, d: int, t: int, ready: float, duration: float) -> float:
         """Puts task ``t`` in the earliest gap of ``d`` that fits it; returns its start."""
-        begin, q = self.slot(d, ready, duration)
+        begin, b, q = self._find(d, ready, duration)
         if duration > 0:
-            gs, ge = self.gap_starts[d], self.gap_ends[d]
-            low, high = gs[q], ge[q]
-            pieces = [(a, b) for a, b in ((low, begin), (begin + duration, high)) if b > a]
-            gs[q:q + 1] = [a for a, _ in pieces]
-            ge[q:q + 1] = [b for _, b in pieces]
+            self._fill(d, b, q, begin, begin + duration)
         position = bisect_right(self.task_starts[d], begin)
         self.task_starts[d].insert(position, begin)
         self.sequence[d].insert(position, t)
         return begin
+
+    def _fill(self, d: int, b: int, q: int, begin: float, end: float) -> None:
+        """Takes ``[begin, end)`` out of gap ``q`` of block ``b``: what is left of it stays idle."""
+        blocks_starts, blocks_ends, longest = self.gap_starts[d], self.gap_ends[d], self.longest[d]
+        gs, ge = blocks_starts[b], blocks_ends[b]
+        low, high = gs[q], ge[q]
+        pieces = [(x, y) for x, y in ((low, begin), (end, high)) if y > x]
+        gs[q:q + 1] = [x for x, _ in pieces]
+        ge[q:q + 1] = [y for _, y in pieces]
+        if not gs:  # never the last block: it holds the open-ended gap
+            for table in (blocks_starts, blocks_ends, self.last_ends[d], longest):
+                del table[b]
+            return
+        if len(gs) > 2 * self.BLOCK:
+            blocks_starts.insert(b + 1, gs[self.BLOCK:])
+            blocks_ends.insert(b + 1, ge[self.BLOCK:])
+            del gs[self.BLOCK:], ge[self.BLOCK:]
+            self.last_ends[d].insert(b + 1, 0.0)
+            longest.insert(b + 1, 0.0)
+            self._measure(d, b + 1)
+            self._measure(d, b)
+            return
+        self.last_ends[d][b] = ge[-1]
+        # What is left of a gap is shorter than it: only the longest one's block needs measuring
+        # again (the last block's longest is the open-ended gap, always).
+        if high - low >= longest[b] and b < len(longest) - 1:
+            self._measure(d, b)
+
+    def _measure(self, d: int, b: int) -> None:
+        gs, ge = self.gap_starts[d][b], self.gap_ends[d][b]
+        self.last_ends[d][b] = ge[-1]
+        self.longest[d][b] = max(map(sub, ge, gs))
 
 
 @dataclass

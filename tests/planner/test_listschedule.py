@@ -1,11 +1,13 @@
 """Hand-computed tests of HEFT and CPOP: placement, order, memory limits, colocation."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kerasflow.planner import (
     Cluster, Device, InsufficientMemoryError, Link, Op, OpGraph, Shard, cpop, heft, simulate, synthetic,
 )
-from kerasflow.planner.listschedule import list_schedule, memory_budgets, scheduling_tasks
+from kerasflow.planner.listschedule import _Timelines, list_schedule, memory_budgets, scheduling_tasks
 from tests.planner.helpers import cluster, op
 
 
@@ -239,3 +241,38 @@ def test_an_input_received_from_another_device_counts_in_the_memory_it_needs():
     assert schedule.device[2] == 1 and schedule.start[2] == pytest.approx(11.0)
     roomy = list_schedule(tg, graph, c, [3.0, 2.0, 1.0], fixed=[1, 1, -1], budgets=[600.0, 1e9])
     assert roomy.device[2] == 0 and roomy.start[2] == pytest.approx(1.0, abs=1e-6)
+
+
+class _TwoGapBlocks(_Timelines):
+    BLOCK = 2  # blocks split and empty after a few tasks
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 6)), max_size=60))
+def test_the_gap_blocks_find_the_slot_a_scan_of_every_gap_finds(tasks):
+    # The reference: one sorted list of gaps (the last open-ended), scanned from the first
+    # that ends at or after the task's ready time.
+    starts, ends = [0.0], [float("inf")]
+    timelines = _TwoGapBlocks(1)
+    for t, (ready, duration) in enumerate(tasks):
+        q = next(q for q in range(len(ends)) if ends[q] >= ready and max(starts[q], ready) + duration <= ends[q])
+        begin = max(starts[q], float(ready))
+        pieces = [(x, y) for x, y in ((starts[q], begin), (begin + duration, ends[q])) if y > x] if duration else [
+            (starts[q], ends[q])]
+        starts[q:q + 1], ends[q:q + 1] = [x for x, _ in pieces], [y for _, y in pieces]
+        assert timelines.slot(0, ready, duration) == begin
+        assert timelines.occupy(0, t, ready, duration) == begin
+    assert [x for block in timelines.gap_starts[0] for x in block] == starts
+    assert [y for block in timelines.gap_ends[0] for y in block] == ends
+
+
+def test_a_task_takes_a_later_gap_exactly_its_length():
+    timelines = _TwoGapBlocks(1)
+    for k, ready in enumerate([1, 3, 5, 7, 9, 11, 14, 16, 18, 20, 22, 24]):
+        timelines.occupy(0, k, ready, 1.0)
+    # Gaps: [0, 1), [2, 3), ..., [10, 11) of 1 s, [12, 14) of 2 s, [15, 16), ... [23, 24), [25, inf),
+    # in blocks of two to four: the 2 s gap is in neither the first nor the last block.
+    blocks = timelines.gap_starts[0]
+    assert not any(12.0 in block for block in (blocks[0], blocks[-1]))
+    assert timelines.slot(0, 0, 2.0) == 12.0
+    assert timelines.slot(0, 0, 2.5) == 25.0
