@@ -31,7 +31,7 @@ def one_copy_data_parallel(graph: OpGraph, cluster: Cluster, devices: list[str] 
         devices: the devices to run waves on (default: all; the first holds the weights).
         batch: the batch (default: the graph's); each device takes an equal share.
         unless_slower_than: as for ``ticktock.with_waves``: None, unsimulated, when the busiest
-            device alone works longer.
+            device or the longest chain of ops alone works longer.
 
     Raises:
         InvalidPlanError: fewer than two devices, or a device the cluster does not have.

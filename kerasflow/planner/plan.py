@@ -204,17 +204,23 @@ class Plan:
             value = getattr(self, field)
             if not isinstance(value, Mapping):
                 raise InvalidPlanError(f"Plan field {field!r} must be a mapping; received {value!r}.")
-        bad = next(((op, device) for op, device in self.placement.items()
-                    if not isinstance(op, str) or not isinstance(device, str)), None)
-        if bad is not None:
-            raise InvalidPlanError(f"placement[{bad[0]!r}] must name a device (a string); received {bad[1]!r:.80}.")
-        object.__setattr__(self, "placement", _Frozen(self.placement))
-        orders = {}
-        for device, names in self.order.items():
-            if isinstance(names, str) or not isinstance(names, Sequence) or not all(map(isinstance, names, repeat(str))):
-                raise InvalidPlanError(f"order[{device!r}] must be a list of task names; received {names!r:.80}.")
-            orders[device] = tuple(names)
-        object.__setattr__(self, "order", _Frozen(orders))
+        # A placement or order frozen here was checked when it was (``dataclasses.replace``
+        # passes them on): checking 100k ops again for every replaced figure costs seconds.
+        if not isinstance(self.placement, _Frozen):
+            bad = next(((op, device) for op, device in self.placement.items()
+                        if not isinstance(op, str) or not isinstance(device, str)), None)
+            if bad is not None:
+                raise InvalidPlanError(f"placement[{bad[0]!r}] must name a device (a string); "
+                                       f"received {bad[1]!r:.80}.")
+            object.__setattr__(self, "placement", _Frozen(self.placement))
+        if not isinstance(self.order, _Frozen):
+            orders = {}
+            for device, names in self.order.items():
+                if isinstance(names, str) or not isinstance(names, Sequence) or not all(
+                        map(isinstance, names, repeat(str))):
+                    raise InvalidPlanError(f"order[{device!r}] must be a list of task names; received {names!r:.80}.")
+                orders[device] = tuple(names)
+            object.__setattr__(self, "order", _Frozen(orders))
         splits = {}
         for layer, shards in self.splits.items():
             if isinstance(shards, (str, Mapping)) or not isinstance(shards, Sequence):

@@ -6,8 +6,8 @@ with each replica's own BatchNormalization statistics as ``MirroredStrategy`` co
 with op and with layer affinity), FastT's critical-path op splitting on top of the best list
 schedule, and waves: data parallelism on one copy of the weights (a wave per device),
 Tick-Tock data-parallel and model-parallel waves, and the best placement run as two waves.
-Each candidate is judged by the simulator (a wave candidate whose busiest device alone works
-longer than the fastest plan found before it is not built: it could not win); the winner is the simplest candidate (earliest in
+Each candidate is judged by the simulator (a wave candidate whose busiest device or longest
+chain of ops alone works longer than the fastest plan found before it is not built: it could not win); the winner is the simplest candidate (earliest in
 trial order) predicted within ``TIE_MARGIN`` of the fastest, so that profile noise, which moves near-tied
 candidates by a few per cent, does not flip the plan from one profile to the next. The default
 placement comes first and, for a profile of measured costs, wins unless a plan is predicted
@@ -25,6 +25,7 @@ from typing import Callable
 
 from .._progress import progress_bar
 from . import baselines
+from ._gc import collector_paused
 from ._jsonio import check_number
 from .cluster import Cluster
 from .cpop import cpop
@@ -74,6 +75,7 @@ CANDIDATES = (baselines.DEFAULT_PLACEMENT, "single_device", "data_parallel_repli
 PLANNED_CANDIDATES = CANDIDATES[1:]
 
 
+@collector_paused()  # millions of short-lived task tuples and lists, no cycles
 def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | None = None,
                     split: bool = True, tick_tock: str = "auto", memory_limit: float | None = None,
                     memory_headroom: float = DEFAULT_MEMORY_HEADROOM, max_split_evaluations: int = 48,
@@ -87,8 +89,8 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
     ``data_parallel_replica_statistics`` is tried only with ``replica_statistics=True`` and
     for a graph with synchronized BatchNormalization layers (otherwise it is ``data_parallel``).
     ``skip_slower=True`` (what ``plan`` does) does not simulate a wave candidate whose busiest
-    device alone works longer than the fastest plan found before it takes
-    (``taskgraph.busiest_device_seconds``): it could be neither the fastest nor the choice.
+    device or longest chain of ops alone works longer than the fastest plan found before it takes
+    (``ticktock.slower_than``): it could be neither the fastest nor the choice.
     Not with ``tick_tock="on"`` (the choice is among wave plans then) nor on shared compute.
 
     Returns:
@@ -139,8 +141,8 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
             misfits.append(f"{name}: not applicable: {error}")
             return
         if candidate is None:  # a wave candidate slower than the fastest plan, unsimulated
-            misfits.append(f"{name}: not simulated: its busiest device alone works longer than the fastest "
-                           f"plan found ({fastest_so_far() * 1e3:.3f} ms)")
+            misfits.append(f"{name}: not simulated: its busiest device or its longest chain of ops alone works "
+                           f"longer than the fastest plan found ({fastest_so_far() * 1e3:.3f} ms)")
         else:
             computed[name] = candidate
             if fits(candidate):
@@ -332,8 +334,8 @@ def _add_wave_candidates(graph: OpGraph, cluster: Cluster, batch: int, computed:
                          to_beat: Callable[[], float | None]) -> None:
     """Wave candidates: data parallelism on one copy of the weights, Tick-Tock data-parallel and
     model-parallel waves, and the best placement found so far (FastT's, split or not, whether
-    it fit or not) run as two waves; each left unsimulated when its busiest device alone works
-    longer than ``to_beat()`` seconds (None: always simulated)."""
+    it fit or not) run as two waves; each left unsimulated when its busiest device or longest
+    chain of ops alone works longer than ``to_beat()`` seconds (None: always simulated)."""
     if len(cluster) < 2:
         base = computed.get("single_device") or baselines.single_device(graph, cluster, batch=batch)
         consider("single_device+waves", lambda: with_waves(base, graph, cluster, batch=batch))

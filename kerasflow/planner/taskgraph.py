@@ -22,7 +22,8 @@ from .planchecks import attach_orders, resolve_plan
 from .ring import FUSION_BUFFER_BYTES, fusion_buffers
 from .tasknames import auxiliary_name, barrier_name, copy_name
 
-__all__ = ["TaskGraph", "build_task_graph", "busiest_device_seconds", "queued_tasks", "AUXILIARY_ROLES"]
+__all__ = ["TaskGraph", "build_task_graph", "busiest_device_seconds", "longest_chain_seconds", "queued_tasks",
+           "AUXILIARY_ROLES"]
 
 
 AUXILIARY_ROLES = ("split", "concat", "sum", "allreduce", "barrier")
@@ -166,13 +167,62 @@ def busiest_device_seconds(graph: OpGraph, cluster: Cluster, plan: Plan, batch: 
         >>> abs(busiest_device_seconds(graph, cluster, plan) - graph.total_work("K80")) < 1e-12
         True
     """
+    work = [0.0] * len(cluster)
+    for _, device, seconds in _op_copy_seconds(graph, cluster, plan, batch):
+        work[device] += seconds
+    return max(work)
+
+
+def longest_chain_seconds(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float | None = None) -> float:
+    """The seconds of op work on the longest chain of dependent ops, each op at its quickest
+    copy (waves, shards and replicas included), without building the tasks. Every copy of an
+    op waits for a copy of each op it reads, so no simulation of the plan ends sooner (plus
+    the profile's step overhead), wherever it sends nothing: the bound that rules out a plan
+    whose devices idle, which ``busiest_device_seconds`` cannot (a pipeline of stages).
+
+    Raises:
+        InvalidPlanError: as ``build_task_graph``.
+
+    Example:
+        >>> from kerasflow.planner import Cluster, Plan, synthetic
+        >>> graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
+        >>> plan = Plan(placement={o.name: "/GPU:1" for o in graph.ops})
+        >>> longest_chain_seconds(graph, cluster, plan) <= busiest_device_seconds(graph, cluster, plan)
+        True
+    """
+    quickest = [float("inf")] * len(graph.ops)
+    for i, _, seconds in _op_copy_seconds(graph, cluster, plan, batch):
+        if seconds < quickest[i]:
+            quickest[i] = seconds
+    structure = graph._structure
+    done = [0.0] * len(graph.ops)  # per op: when its inputs are done at the earliest, then when it is
+    for i in structure.topo:
+        finish = done[i] = done[i] + quickest[i]
+        for _, consumers in structure.outputs[i]:
+            for c in consumers:
+                if done[c] < finish:
+                    done[c] = finish
+    return max(done, default=0.0)
+
+
+def _op_copy_seconds(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float | None):
+    """Every op task ``plan`` builds as ``(op, device, seconds)``, from ``_Builder.op_copies``."""
     builder = _Builder(graph, cluster, plan, batch)
     builder.resolve()
-    work = [0.0] * len(cluster)
-    ops = graph.ops
+    devices, ops = cluster.devices, graph.ops
+    # Every op's seconds per device and whole-replica or whole-wave batch, looked up; a shard's
+    # share is priced op by op.
+    whole = {builder.replica_batch} | {builder.replica_batch * f for f in builder.wave_fraction}
+    rows: dict[tuple[int, float], list[float]] = {}
     for _, i, device, batch_share, _, _ in builder.op_copies():
-        work[device] += builder._duration(ops[i], device, batch_share)
-    return max(work)
+        if batch_share not in whole:
+            yield i, device, builder._duration(ops[i], device, batch_share)
+            continue
+        row = rows.get((device, batch_share))
+        if row is None:
+            d = devices[device]
+            row = rows[device, batch_share] = durations(graph, d.kind, d.speed, batch_share)
+        yield i, device, row[i]
 
 
 class _Builder:
@@ -211,7 +261,8 @@ class _Builder:
         """Every op task of the plan as ``(replica, op, device, batch, wave, shard)``: replica by
         replica, ops in topological order, a batch op's copies wave by wave and shard by shard
         (wave and shard -1 for an op that runs once per replica, replica -1 without replicas).
-        What ``_build_general`` builds and ``busiest_device_seconds`` sums."""
+        What ``_build_general`` builds and the bounds (``busiest_device_seconds``,
+        ``longest_chain_seconds``) read."""
         dp, groups = self.dp, split_groups(self.graph)
         for r, replica_device in enumerate(self.replicas):
             replica = r if dp else -1

@@ -23,11 +23,11 @@ from .graph import OpGraph
 from .plan import Plan, Waves
 from .planchecks import attach_orders
 from .simulator import simulate_tasks, step_overhead
-from .taskgraph import build_task_graph, busiest_device_seconds
+from .taskgraph import build_task_graph, busiest_device_seconds, longest_chain_seconds
 from .graphtables import batch_ops, batch_statistics
 
-__all__ = ["batch_coupled_ops", "replica_coupled_ops", "with_waves", "tick_tock_data_parallel", "tick_tock_model_parallel",
-           "pipeline"]
+__all__ = ["batch_coupled_ops", "replica_coupled_ops", "with_waves", "slower_than", "tick_tock_data_parallel",
+           "tick_tock_model_parallel", "pipeline"]
 
 
 def batch_coupled_ops(graph: OpGraph) -> list[str]:
@@ -71,8 +71,7 @@ def with_waves(plan: Plan, graph: OpGraph, cluster: Cluster, *, count: int = 2, 
         batch: the batch (default: the plan's, then the graph's).
         algorithm: the name to record (default: the plan's, suffixed ``+waves``).
         unless_slower_than: seconds: return None, unsimulated, when the plan's busiest device
-            alone works longer (``taskgraph.busiest_device_seconds``; never on shared compute,
-            where that is no bound).
+            alone works longer, or its longest chain of ops does (``slower_than``).
 
     Example:
         >>> from kerasflow.planner import Cluster, synthetic
@@ -86,8 +85,7 @@ def with_waves(plan: Plan, graph: OpGraph, cluster: Cluster, *, count: int = 2, 
     batch = batch or plan.batch_size or graph.batch_size
     waved = dataclasses.replace(plan, order={}, waves=Waves(count, offset, tuple(stage_maps)), batch_size=batch,
                                 algorithm=algorithm or f"{plan.algorithm}+waves", candidates={})
-    if (unless_slower_than is not None and not cluster.shared
-            and busiest_device_seconds(graph, cluster, waved, batch) + step_overhead(graph) > unless_slower_than):
+    if unless_slower_than is not None and slower_than(graph, cluster, waved, batch, unless_slower_than):
         return None
     tasks = build_task_graph(graph, cluster, waved, batch)
     result = simulate_tasks(graph, cluster, tasks)
@@ -98,6 +96,26 @@ def with_waves(plan: Plan, graph: OpGraph, cluster: Cluster, *, count: int = 2, 
             attach_orders(tasks, cluster, waved, causal=True)
             result = simulate_tasks(graph, cluster, tasks)
     return baselines.with_result(waved, graph, cluster, batch, result)
+
+
+def slower_than(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float, seconds: float) -> bool:
+    """Whether no simulation of ``plan`` can end within ``seconds``: its busiest device alone
+    works longer (``taskgraph.busiest_device_seconds``) or its longest chain of ops does
+    (``taskgraph.longest_chain_seconds``), plus the profile's step overhead. Never on shared
+    compute, where a device's work is no bound.
+
+    Example:
+        >>> from kerasflow.planner import Cluster, synthetic
+        >>> graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
+        >>> plan = baselines.single_device(graph, cluster)
+        >>> slower_than(graph, cluster, plan, 64, 1e-9), slower_than(graph, cluster, plan, 64, 1.0)
+        (True, False)
+    """
+    if cluster.shared:
+        return False
+    overhead = step_overhead(graph)
+    return (busiest_device_seconds(graph, cluster, plan, batch) + overhead > seconds
+            or longest_chain_seconds(graph, cluster, plan, batch) + overhead > seconds)
 
 
 def tick_tock_data_parallel(graph: OpGraph, cluster: Cluster, devices: list[str] | None = None,

@@ -216,10 +216,10 @@ def _op_seconds_per_device(tasks):
 
 
 @pytest.mark.parametrize("preset", ["4xV100-nvlink", "2xK80-pcie"])
-def test_the_busiest_device_bound_sums_the_op_tasks_a_plan_builds_and_bounds_its_step(preset):
+def test_the_busiest_device_sums_the_op_tasks_a_plan_builds_and_neither_bound_exceeds_its_step(preset):
     from kerasflow.planner import Shard
     from kerasflow.planner.onecopy import one_copy_data_parallel
-    from kerasflow.planner.taskgraph import build_task_graph, busiest_device_seconds
+    from kerasflow.planner.taskgraph import build_task_graph, busiest_device_seconds, longest_chain_seconds
 
     cluster_ = Cluster.preset(preset)
     first, second = cluster_.device_names[:2]
@@ -234,7 +234,32 @@ def test_the_busiest_device_bound_sums_the_op_tasks_a_plan_builds_and_bounds_its
     for made in plans:
         bound = busiest_device_seconds(graph, cluster_, made)
         assert bound == pytest.approx(_op_seconds_per_device(build_task_graph(graph, cluster_, made)), rel=1e-12)
-        assert bound <= simulate(graph, cluster_, made).makespan * (1 + 1e-12)
+        makespan = simulate(graph, cluster_, made).makespan
+        assert bound <= makespan * (1 + 1e-12)
+        assert longest_chain_seconds(graph, cluster_, made) <= makespan * (1 + 1e-12)
+
+
+def test_the_longest_chain_takes_each_op_at_its_quickest_copy():
+    from kerasflow.planner.taskgraph import busiest_device_seconds, longest_chain_seconds
+
+    # Whole batch (2 samples): f1, f2, b2, b1 take 2 s each, then u 1 s: a 9 s chain on any
+    # devices; across two, D0 works f1 + b1 + u = 5 s. Two waves: each batch copy takes 1 s,
+    # a 5 s chain; on one device it works 2 waves x 4 ops x 1 s + u = 9 s.
+    graph, two = chain(), cluster(2)
+    across = Plan(placement={"f1": "/D:0", "f2": "/D:1", "b2": "/D:1", "b1": "/D:0", "u": "/D:0"})
+    assert (longest_chain_seconds(graph, two, across), busiest_device_seconds(graph, two, across)) == (9.0, 5.0)
+    waved = on_one_device(waves=Waves(2))
+    assert (longest_chain_seconds(graph, two, waved), busiest_device_seconds(graph, two, waved)) == (5.0, 9.0)
+
+
+def test_a_wave_plan_whose_longest_chain_alone_is_slower_is_not_simulated():
+    # Two waves over three devices: D0 works f1 and b1 (2 x 2 x 1 s), D1 f2 and u (3 s), D2 b2
+    # (2 s); the chain f1 f2 b2 b1 u takes 5 s, longer than the busiest device's 4 s.
+    graph, three = chain(), cluster(3)
+    spread = Plan(placement={"f1": "/D:0", "f2": "/D:1", "b2": "/D:2", "b1": "/D:0", "u": "/D:1"})
+    assert with_waves(spread, graph, three, unless_slower_than=4.5) is None
+    made = with_waves(spread, graph, three, unless_slower_than=5.5)
+    assert made is not None and made.predicted_step_time >= 5.0
 
 
 def test_a_wave_plan_whose_busiest_device_alone_is_slower_is_not_simulated():
