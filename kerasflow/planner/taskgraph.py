@@ -657,14 +657,21 @@ class _Builder:
 
     def _barriers(self, replicas: int) -> None:
         tg, ops = self.tg, self.graph.ops
-        # Only the pure forward pass takes part: forward ops downstream of a backward op or of
-        # a gather of all waves (a loss tracker, an RNN state read after the update) would make
-        # the barrier wait on the next wave itself.
+        # Only the pure forward pass takes part: forward ops downstream of a backward op that
+        # reads the batch or of a gather of all waves (a loss tracker, an RNN state read after
+        # the update) would make the barrier wait on the next wave itself. A backward op that
+        # reads nothing of the batch (a loop's gradient accumulators, made from shapes alone
+        # for the forward loop to fill) runs before the forward pass ends: the loop it feeds is
+        # in the pass, behind the barrier, as the runtime's wave runs it.
         structure = self.graph._structure
         tainted = [False] * len(ops)
+        reads_batch = [False] * len(ops)
         for i in structure.topo:
-            inherited = any(tainted[p] or (not self.is_batch[i] and self.is_batch[p]) for p in structure.preds[i])
-            tainted[i] = inherited or (self.is_batch[i] and ops[i].phase != "forward")
+            preds = structure.preds[i]
+            reads_batch[i] = any(reads_batch[p] for p in preds) or (
+                not preds and any(b.scales_with_batch for b in ops[i].output_bytes))
+            inherited = any(tainted[p] or (not self.is_batch[i] and self.is_batch[p]) for p in preds)
+            tainted[i] = inherited or (self.is_batch[i] and ops[i].phase != "forward" and reads_batch[i])
         forward = [i for i in self.copies[0] if ops[i].phase == "forward" and not tainted[i]]
         for r in range(replicas):
             for w in range(1, self.wave_count):

@@ -45,6 +45,26 @@ def test_two_offset_waves_interleave_their_peaks():
     assert dict(zip(times, level))[6.0] == 34.0
 
 
+def test_a_loop_filling_gradient_accumulators_is_behind_the_wave_barrier():
+    # As a recurrent layer's loop after TensorFlow's gradient rewrite: the forward loop fills
+    # accumulators that the gradient's scope made from shapes alone (backward, reading nothing
+    # of the batch). The runtime starts the tock wave once the tick wave's prediction is made;
+    # so must the simulator. Waves of 1 sample (1 s a batch op, 10 B a sample at 100 B/s):
+    # a@w0 0-1 on D0, sent 1-1.1; loop@w0 1.1-2.1, p@w0 2.1-3.1 on D1; a@w1 3.1-4.1.
+    graph = OpGraph([
+        op("a", (0.0, 1.0), [(0, 10)], batch_axis=0),
+        op("acc", 0.0, [0], phase="backward", batch_axis=0),
+        op("loop", (0.0, 1.0), [(0, 10)], batch_axis=0),
+        op("p", (0.0, 1.0), [(0, 10)], batch_axis=0),
+        op("g", (0.0, 1.0), [4], phase="backward", batch_axis=0),
+    ], [("a", "loop", 0), ("acc", "loop", 0), ("loop", "p", 0), ("p", "g", 0)], batch_size=2)
+    plan = Plan(placement={"a": "/D:0", "acc": "/D:1", "loop": "/D:1", "p": "/D:1", "g": "/D:1"},
+                waves=Waves(2))
+    times = simulate(graph, cluster(2), plan).times()
+    assert times["p@w0"] == pytest.approx((2.1, 3.1))
+    assert times["a@w1"] == pytest.approx((3.1, 4.1))
+
+
 def test_both_micro_batches_at_once_peak_higher():
     # A pipeline (no offset) runs both forwards first: f1w0, f1w1, f2w0, f2w1, b2w0, ...
     # During [4, 6): f1 x2, f2w0 (or f2w1), b2 copies: 50 B, above Tick-Tock's 34 B.
