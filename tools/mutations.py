@@ -5,8 +5,9 @@ The pure parts are the planner (``kerasflow/planner``) and the runtime's plain-P
 ``strategies.side_by_side`` (the schedule and verdict of a plan timed beside the default
 placement), ``planner.rerank`` (the runners-up after a measured plan), ``strategies.verdict``
 (keep the timed plan, try a runner-up, or drop it; with ``strategies.trial``'s one line that
-passes it no runner-up once ``fit`` has ended) and ``strategies.options`` (the checked settings
-and their ``KERASFLOW_*`` variables). Each mutation replaces one line in a temporary copy of the
+passes it no runner-up once ``fit`` has ended), ``strategies.options`` (the checked settings
+and their ``KERASFLOW_*`` variables) and ``strategies.scopes`` (a traced op's name without its
+wave and shard scopes). Each mutation replaces one line in a temporary copy of the
 checkout and runs the tests it names (by default the planner's tests and doctests, which never
 start TensorFlow; the tests of ``kerasflow.strategies`` modules import the package, which
 does, about 10 s a run), stopping at the first failure. The working tree is never touched.
@@ -199,6 +200,9 @@ MUTATIONS = [
              "kerasflow/planner/taskgraph.py",
              "            tainted[i] = inherited or (self.is_batch[i] and ops[i].phase != \"forward\" and reads_batch[i])",
              "            tainted[i] = inherited or (self.is_batch[i] and ops[i].phase != \"forward\")"),
+    Mutation("a wave's scope held twice in an op name is kept once", "kerasflow/strategies/scopes.py",
+             "        if w and wave in (-1, int(w.group(1))):", "        if w and wave < 0:",
+             ("kerasflow/strategies/scopes.py",)),
     Mutation("a block of gaps exactly as long as a task is passed over", "kerasflow/planner/listschedule.py",
              "        cutoff = duration * (1 - 1e-9) - 1e-9", "        cutoff = duration * (1 + 1e-9)"),
     Mutation("the longest chain's ops start before their inputs are done", "kerasflow/planner/taskgraph.py",

@@ -100,17 +100,22 @@ def shard_boundary(name: str) -> str | None:
 def split_name(name: str) -> tuple[str, int, int]:
     """An op name without its wave and shard scopes, and those indices (-1 when absent).
 
+    A name can hold its scope twice: a loop's gradient accumulator is named after the forward
+    op it accumulates, under the gradient's scope, and both are inside the wave or shard.
+
     Example:
         >>> split_name("gradient_tape/wave1/model/dense/shard0/MatMul")
         ('gradient_tape/model/dense/MatMul', 1, 0)
+        >>> split_name("gradient_tape/wave0/lstm/while/wave0/lstm/while/Tanh_0/accumulator")
+        ('gradient_tape/lstm/while/lstm/while/Tanh_0/accumulator', 0, -1)
     """
     wave = shard = -1
     parts = []
     for part in name.split("/"):
         w, s = _WAVE.match(part), _SHARD.match(part)
-        if w and wave < 0:
+        if w and wave in (-1, int(w.group(1))):
             wave = int(w.group(1))
-        elif s and shard < 0:
+        elif s and shard in (-1, int(s.group(1))):
             shard = int(s.group(1))
         else:
             parts.append(part)
