@@ -409,6 +409,7 @@ class _Timelines:
             self._measure(d, b)
 
     def _measure(self, d: int, b: int) -> None:
+        """Reads block ``b``'s last gap end and longest gap again."""
         gs, ge = self.gap_starts[d][b], self.gap_ends[d][b]
         self.last_ends[d][b] = ge[-1]
         self.longest[d][b] = max(map(sub, ge, gs))

@@ -7,9 +7,10 @@ with op and with layer affinity), FastT's critical-path op splitting on top of t
 schedule, and waves: data parallelism on one copy of the weights (a wave per device),
 Tick-Tock data-parallel and model-parallel waves, and the best placement run as two waves.
 Each candidate is judged by the simulator (a wave candidate whose busiest device or longest
-chain of ops alone works longer than the fastest plan found before it is not built: it could not win); the winner is the simplest candidate (earliest in
-trial order) predicted within ``TIE_MARGIN`` of the fastest, so that profile noise, which moves near-tied
-candidates by a few per cent, does not flip the plan from one profile to the next. The default
+chain of ops alone works longer than the fastest plan found before it is not built: it could
+not win); the winner is the simplest candidate (earliest in trial order) predicted within
+``TIE_MARGIN`` of the fastest, so that profile noise, which moves near-tied candidates by a few
+per cent, does not flip the plan from one profile to the next. The default
 placement comes first and, for a profile of measured costs, wins unless a plan is predicted
 faster by more than ``PREDICTION_ERROR``, the simulator's measured error band: then "keep the
 default placement" is the answer, and ``fit`` tries nothing. The winner's predicted step time is

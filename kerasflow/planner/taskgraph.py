@@ -176,9 +176,9 @@ def busiest_device_seconds(graph: OpGraph, cluster: Cluster, plan: Plan, batch: 
 def longest_chain_seconds(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float | None = None) -> float:
     """The seconds of op work on the longest chain of dependent ops, each op at its quickest
     copy (waves, shards and replicas included), without building the tasks. Every copy of an
-    op waits for a copy of each op it reads, so no simulation of the plan ends sooner (plus
-    the profile's step overhead), wherever it sends nothing: the bound that rules out a plan
-    whose devices idle, which ``busiest_device_seconds`` cannot (a pipeline of stages).
+    op waits for a copy of each op it reads, and transfers only add to that wait, so no
+    simulation of the plan ends sooner (plus the profile's step overhead): the bound for a plan
+    whose devices wait on one another, which ``busiest_device_seconds`` misses.
 
     Raises:
         InvalidPlanError: as ``build_task_graph``.

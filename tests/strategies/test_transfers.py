@@ -75,7 +75,7 @@ def on_first(graph):
 # rewrite the planner does not model yet (docs/strategy.md). A list schedule places these tiny
 # ops by their measured times, so on some profiles it parts them; the list-scheduled plans below
 # keep them on one device, so that the transfers these tests compare do not hang on that gap.
-LABEL_CASTS = ("compile_loss/sparse_categorical_crossentropy/Cast", "compile_loss/sparse_categorical_crossentropy/Cast_1")
+LABEL_CASTS = tuple(f"compile_loss/sparse_categorical_crossentropy/{name}" for name in ("Cast", "Cast_1"))
 
 
 def labels_cast_on_one_device(plan):
