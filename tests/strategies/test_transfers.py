@@ -29,7 +29,6 @@ import kerasflow
 from kerasflow.planner import Shard, baselines, cpop, heft, one_copy_data_parallel, simulate, ticktock
 from kerasflow.planner.graphtables import LOSS_GROUP, gradient_sums
 from kerasflow.planner.plan import Plan
-from kerasflow.planner.tasknames import parse_copy_name
 
 DEVICES = ["/CPU:0", "/CPU:1"]
 BATCH = 32
@@ -79,13 +78,17 @@ LABEL_CASTS = tuple(f"compile_loss/sparse_categorical_crossentropy/{name}" for n
 
 
 def labels_cast_on_one_device(plan):
-    """``plan`` with the first label cast moved to the second's device (and out of its order)."""
+    """``plan`` with the first label cast moved to the second's device, just before it in order."""
     first, second = LABEL_CASTS
     if second not in plan.placement or plan.placement[first] == plan.placement[second] or plan.splits.get(
             LOSS_GROUP):
         return plan
-    order = {device: [task for task in tasks if parse_copy_name(task)[0] != first]
-             for device, tasks in plan.order.items()}
+    order = {}
+    for device, tasks in plan.order.items():
+        kept = [task for task in tasks if task != first]
+        if second in kept:
+            kept.insert(kept.index(second), first)
+        order[device] = kept
     return dataclasses.replace(plan, placement={**plan.placement, first: plan.placement[second]}, order=order)
 
 
