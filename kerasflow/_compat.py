@@ -21,7 +21,7 @@ __all__ = [
     "is_batch_normalization", "can_read_weights_per_copy",
     "weights_read_here", "override", "overridden", "is_movable", "backing_variable", "set_backing_variable",
     "forget_traced_functions", "on_fit_end", "loss_trackers_counting", "custom_gradients_forgotten",
-    "registered_custom_gradients",
+    "registered_custom_gradients", "moving_statistics_kept",
 ]
 
 try:  # tf-keras is optional (the `legacy` extra)
@@ -387,6 +387,21 @@ def is_batch_normalization(layer: Any) -> bool:
     whose ``_moments`` kerasflow can compute across replicas (tf-keras runs no replicas)."""
     return (isinstance(layer, _keras.layers.BatchNormalization) and hasattr(layer, "_moments")
             and 0 in (getattr(layer, "_reduction_axes", None) or ()))
+
+
+@contextlib.contextmanager
+def moving_statistics_kept(layer: Any):
+    """While inside (at trace time), the Keras 3 BatchNormalization ``layer`` normalizes as its
+    call does but leaves its moving statistics (and renormalization's) as they are: the shards
+    of a split layer compute one statistic, which one of them adds to the moving averages."""
+    def kept(*_args, **_kwargs):
+        return None
+
+    with contextlib.ExitStack() as patches:
+        for variable in (layer.moving_mean, layer.moving_variance):
+            patches.enter_context(overridden(variable, "assign", kept))
+        patches.enter_context(overridden(layer, "_update_renorm_statistics", kept))
+        yield
 
 
 def can_move_variables(model: Any) -> bool:

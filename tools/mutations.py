@@ -220,6 +220,17 @@ MUTATIONS = [
              "        False for reader in readers.get(groups[i], ())))"),
     Mutation("a gradient sum read by two layers joins one of them", "kerasflow/planner/graphtables.py",
              "            if len(readers) == 1:", "            if readers:"),
+    Mutation("every shard of a split normalization updates its moving statistics", "kerasflow/planner/taskgraph.py",
+             "                    shards = shards[:1]  # the shards' one statistic, one moving average to update",
+             "                    shards = shards"),
+    Mutation("a weight's gradient counts as an update of the moving statistics", "kerasflow/planner/graphtables.py",
+             "        if (i in layer_ops and copied[i] and ops[i].phase == \"forward\" and readers",
+             "        if (i in layer_ops and copied[i] and readers"),
+    Mutation("each shard of a split normalization keeps its own statistic", "kerasflow/planner/taskgraph.py",
+             "            if k >= 0 and p in self.shared_statistics:", "            if False:"),
+    Mutation("a normalization the profile synchronizes is not split", "kerasflow/planner/graphtables.py",
+             "    return [op.splittable or i in together for i, op in enumerate(graph.ops)]",
+             "    return [op.splittable for op in graph.ops]"),
 ]
 
 

@@ -11,7 +11,8 @@ each by what every plan of that family must pay:
 - **one pass** (one replica running the batch once: placements, HEFT/CPOP, critical-path
   splits): the larger of the average work (each op at its best device, over the device count)
   and the longest path, where an op counts whole unless its layer is splittable
-  (``splitting.splittable_layers``; BatchNormalization and ops without a layer run whole), a
+  (``splitting.splittable_layers``; ops without a layer, and a BatchNormalization whose shards
+  cannot compute its statistics together, run whole), a
   split op counts its fixed cost plus its per-sample work shared by every device, and before
   an op that runs once (the update) reads a split op's batch-independent output (a weight
   gradient), a remote shard's part must cross the fastest link: at best the consumer's device

@@ -14,7 +14,7 @@ from .errors import InvalidGraphError
 from .graph import OpGraph
 
 __all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "BatchStatistics", "batch_ops",
-           "batch_statistics", "folded_ops", "variable_groups", "weight_bound_layers", "colocation_groups",
+           "batch_statistics", "shardable_ops", "folded_ops", "variable_groups", "weight_bound_layers", "colocation_groups",
            "static_tables", "durations", "LOSS_GROUP", "split_groups", "is_loss_op", "group_ops",
            "gradient_sums", "gradient_sum_readers", "layer_readers"]
 
@@ -60,11 +60,15 @@ def split_groups(graph: OpGraph) -> list[str | None]:
     return cached
 
 
+def _is_tape_sum(op) -> bool:
+    """Whether ``op`` sums a tensor's gradients as the tape does: an ``AddN`` named outside every
+    scope, in the backward pass (the profiler gives it a layer when all it sums is the layer's)."""
+    return op.type == "AddN" and op.phase == "backward" and "/" not in op.name
+
+
 def _gradient_sum_candidates(graph: OpGraph) -> list[int]:
-    """The ops outside every layer that sum a tensor's gradients: the tape's ``AddN`` (named
-    outside every scope) in the backward pass."""
-    return [i for i, op in enumerate(graph.ops)
-            if op.layer is None and op.type == "AddN" and op.phase == "backward" and "/" not in op.name]
+    """The tape's sums of a tensor's gradients (``_is_tape_sum``) outside every layer."""
+    return [i for i, op in enumerate(graph.ops) if op.layer is None and _is_tape_sum(op)]
 
 
 def gradient_sums(graph: OpGraph) -> list[int]:
@@ -92,9 +96,10 @@ def gradient_sums(graph: OpGraph) -> list[int]:
 
 
 def gradient_sum_readers(graph: OpGraph) -> dict[str, frozenset[str]]:
-    """Each of the tape's sums of gradients that belong to a layer (``gradient_sums``), by name ->
-    the names of the ops that read it: what the runtime knows a traced sum by, since TensorFlow
-    numbers the sums by position and a split layer's shards add some.
+    """Each of the tape's sums of gradients that belong to a layer (``gradient_sums``, and those the
+    profiler put in the layer that made all they sum), by name -> the names of the ops that read
+    it: what the runtime knows a traced sum by, since TensorFlow numbers the sums by position
+    and a split layer's shards add some.
 
     Example:
         >>> from kerasflow.planner import Op
@@ -105,9 +110,9 @@ def gradient_sum_readers(graph: OpGraph) -> dict[str, frozenset[str]]:
         >>> gradient_sum_readers(graph)
         {'AddN': frozenset({'gradient_tape/b/x'})}
     """
-    outputs, ops = graph._structure.outputs, graph.ops
-    return {ops[i].name: frozenset(ops[c].name for k, consumers in outputs[i] if k >= 0 for c in consumers)
-            for i in gradient_sums(graph)}
+    outputs, ops, groups = graph._structure.outputs, graph.ops, split_groups(graph)
+    return {op.name: frozenset(ops[c].name for k, consumers in outputs[i] if k >= 0 for c in consumers)
+            for i, op in enumerate(ops) if _is_tape_sum(op) and groups[i] is not None}
 
 
 def layer_readers(graph: OpGraph) -> dict[str, frozenset[str]]:
@@ -196,18 +201,22 @@ STATISTICS_LAYERS = "synchronized_layers"  # the profile's metadata key: layers 
 
 class BatchStatistics(NamedTuple):
     """The ops of the layers whose statistics span the batch (BatchNormalization in training),
-    which data-parallel replicas can compute together: the profile lists them in
-    ``metadata["synchronized_layers"]``.
+    which data-parallel replicas, or the shards of a split layer, can compute together: the
+    profile lists them in ``metadata["synchronized_layers"]``.
 
     Attributes:
         layer_ops: every op of those layers (by index).
         reductions: those that reduce the batch (a batch op reading a value that grows with
             the batch, none of its outputs growing with it): forward, each layer's sum and sum
             of squared deviations; backward, the two sums of the gradient over the batch.
+        updates: the batch ops of those layers that only update their moving statistics (each
+            op's readers are updates or such ops): a split layer's shards share one statistic,
+            so one shard, the first, updates it.
     """
 
     layer_ops: frozenset
     reductions: frozenset
+    updates: frozenset = frozenset()
 
 
 def batch_statistics(graph: OpGraph) -> BatchStatistics:
@@ -241,8 +250,30 @@ def batch_statistics(graph: OpGraph) -> BatchStatistics:
     reductions = frozenset(
         i for i in reads_the_batch
         if copied[i] and ops[i].output_bytes and not any(b.scales_with_batch for b in ops[i].output_bytes))
-    structure.cache[key] = BatchStatistics(layer_ops, reductions)
+    updates: set[int] = set()
+    for i in reversed(structure.topo):
+        readers = [c for k, consumers in structure.outputs[i] for c in consumers]
+        if (i in layer_ops and copied[i] and ops[i].phase == "forward" and readers
+                and all(ops[c].phase == "update" or c in updates for c in readers)):
+            updates.add(i)
+    structure.cache[key] = BatchStatistics(layer_ops, reductions, frozenset(updates))
     return structure.cache[key]
+
+
+def shardable_ops(graph: OpGraph) -> list[bool]:
+    """Per op, whether its batch can be cut into shards that compute what it computes: its
+    samples are independent (``Op.splittable``), or it is an op of a layer whose statistics the
+    shards compute together (``batch_statistics``: their sums added and the total sent back).
+
+    Example:
+        >>> from kerasflow.planner import Op
+        >>> mean = Op("norm/moments/mean", type="Mean", layer="norm", phase="forward", output_bytes=[4])
+        >>> graph = OpGraph([mean], [])
+        >>> shardable_ops(graph), shardable_ops(OpGraph([mean], [], metadata={"synchronized_layers": ["norm"]}))
+        ([False], [True])
+    """
+    together = batch_statistics(graph).layer_ops
+    return [op.splittable or i in together for i, op in enumerate(graph.ops)]
 
 
 def folded_ops(graph: OpGraph) -> list[bool]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .cluster import Cluster
 from .errors import InvalidPlanError
 from .graph import OpGraph
-from .graphtables import batch_ops, colocation_groups, gradient_sums, group_ops, layer_readers, split_groups
+from .graphtables import batch_ops, colocation_groups, gradient_sums, group_ops, layer_readers, shardable_ops, split_groups
 from .plan import Plan
 from .toposort import topological_order
 
@@ -140,6 +140,7 @@ def _placed(cluster: Cluster, plan: Plan, name: str) -> int:
 
 def _splits(graph: OpGraph, cluster: Cluster, plan: Plan, is_batch: list[bool]) -> dict:
     layers = group_ops(graph) if plan.splits else {}
+    shardable = shardable_ops(graph) if plan.splits else []
     shards_of_layer: dict[str, tuple[tuple[int, float], ...]] = {}
     for layer, shards in plan.splits.items():
         if layer not in layers:
@@ -149,7 +150,7 @@ def _splits(graph: OpGraph, cluster: Cluster, plan: Plan, is_batch: list[bool]) 
         for i in layers[layer]:
             op = graph.ops[i]
             name = op.name
-            if is_batch[i] and not op.splittable:
+            if is_batch[i] and not shardable[i]:
                 raise InvalidPlanError(
                     f"layer {layer!r} cannot be split: its op {name!r}"
                     f"{f' ({op.type})' if op.type else ''} has no batch axis to split along (it couples "

@@ -24,7 +24,7 @@ from .graph import OpGraph
 from .plan import Plan, Shard
 from .ranks import predecessors
 from .simulator import SimulationResult, run_task_graph
-from .graphtables import batch_ops, group_ops, split_groups, variable_groups
+from .graphtables import batch_ops, group_ops, shardable_ops, split_groups, variable_groups
 from .taskgraph import TaskGraph, build_task_graph
 
 __all__ = ["splittable_layers", "layer_weight_bytes", "split_pays", "critical_tasks", "split_search",
@@ -35,17 +35,19 @@ Scheduler = Callable[[Mapping[str, Sequence[Shard]]], Plan]
 
 def splittable_layers(graph: OpGraph) -> set[str]:
     """Layers (and the compiled loss' pseudo-layer, ``graphtables.LOSS_GROUP``) whose batch ops can
-    all be split along the batch (and that have some). A batch op in a colocation group of host
-    work (string ops kept on the host together) rules its layer out: its shards would have to
-    run on one device. One in a variable's group (a loop that reads its weights inside) does
-    not: each shard gets the weights read for it."""
-    is_batch = batch_ops(graph)
+    all be split along the batch (and that have some; ``graphtables.shardable_ops``: a
+    BatchNormalization the profile lists as synchronized is split with the whole batch's
+    statistics). A batch op in a colocation group of host work (string ops kept on the host
+    together) rules its layer out: its shards would have to run on one device. One in a
+    variable's group (a loop that reads its weights inside) does not: each shard gets the
+    weights read for it."""
+    is_batch, shardable = batch_ops(graph), shardable_ops(graph)
     anchored = variable_groups(graph)
     ok: dict[str, bool] = {}
     for i, (op, layer) in enumerate(zip(graph.ops, split_groups(graph))):
         if layer is None or not is_batch[i]:
             continue
-        ok[layer] = ok.get(layer, True) and op.splittable and (op.colocation is None or op.colocation in anchored)
+        ok[layer] = ok.get(layer, True) and shardable[i] and (op.colocation is None or op.colocation in anchored)
     return {layer for layer, fine in ok.items() if fine}
 
 

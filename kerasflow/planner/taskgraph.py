@@ -264,6 +264,7 @@ class _Builder:
         What ``_build_general`` builds and the bounds (``busiest_device_seconds``,
         ``longest_chain_seconds``) read."""
         dp, groups = self.dp, split_groups(self.graph)
+        updates = batch_statistics(self.graph).updates
         for r, replica_device in enumerate(self.replicas):
             replica = r if dp else -1
             for i in self.graph._structure.topo:
@@ -272,6 +273,8 @@ class _Builder:
                     yield replica, i, home, self.replica_batch, -1, -1
                     continue
                 shards = None if dp or i in self.whole else self.shards_of_layer.get(groups[i])
+                if shards and i in updates:
+                    shards = shards[:1]  # the shards' one statistic, one moving average to update
                 for w in range(self.wave_count):
                     wave_batch = self.replica_batch * self.wave_fraction[w]
                     stage = self.stage_maps[w]
@@ -376,8 +379,12 @@ class _Builder:
                        0.0, self._wave_priority(i, w), wave=w, replica=replica, shard=s, size=batch_share)
             per_wave[w].append((t, batch_share))
         self.single, self.copies = single, copies
-        self.statistics = batch_statistics(graph) if dp else None
+        self.statistics = batch_statistics(graph)
         self.synchronized = dp and plan.synchronizes_statistics
+        # A split layer's statistic: each shard's part summed on the first shard's device, the
+        # total sent to every shard (forward, a sum over the batch; backward, a gradient's).
+        self.shared_statistics = frozenset() if dp else frozenset(
+            i for i in self.statistics.reductions if len(self.signature.get(i, ())) > 1)
         self.combines: dict[tuple, int] = {}
         self.wave_reads: dict[tuple, list[int]] = {}
         self.splitters: dict[tuple, int] = {}
@@ -449,6 +456,10 @@ class _Builder:
             return
         for w in range(self.wave_count):
             sources, targets = self.copies[r][p][w], self.copies[r][c][w]
+            if k >= 0 and p in self.shared_statistics:
+                total = self._many_to_one(sources, k, out, None, (p, k, r, w), resource=self.tg.resource[sources[0][0]])
+                self._one_to_many(total, 0, out, self.tg.out_sizes[total][0], targets, (p, k, r, w, self.signature[c]))
+                continue
             if self.signature[p] == self.signature[c]:
                 for (src, sb), (dst, db) in zip(sources, targets):
                     self._edge(src, k, out.at(sb) if k >= 0 else 0.0, dst)

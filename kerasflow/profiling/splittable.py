@@ -1,10 +1,12 @@
 """Which Keras layers may be split along the batch (their samples are independent, their math unchanged).
 
-Built-in layers are listed by class name. Two kinds are never split, nor run as waves:
-layers that couple the samples of a batch (BatchNormalization's statistics in training)
-and random layers (Dropout, GaussianNoise, random augmentation): shards or waves would
-each draw their own randomness, not their slice of the whole batch's, and the loss would
-change. A custom layer opts in or out with a class or instance attribute
+Built-in layers are listed by class name. Two kinds are never split op by op, nor run as
+waves: layers that couple the samples of a batch (BatchNormalization's statistics in
+training) and random layers (Dropout, GaussianNoise, random augmentation): shards or waves
+would each draw their own randomness, not their slice of the whole batch's, and the loss
+would change. A Keras 3 BatchNormalization is split all the same, as a whole: the profile
+lists it among the layers whose statistics copies compute together
+(``planner.graphtables.batch_statistics``), and its shards normalize with the whole batch's. A custom layer opts in or out with a class or instance attribute
 ``kerasflow_splittable = True`` (or ``False``); unknown layers (``Lambda`` included: its
 code is unknown) are not split, the safe default.
 

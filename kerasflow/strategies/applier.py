@@ -28,7 +28,8 @@ import tensorflow as tf
 
 from kerasflow.planner.costmodel import METADATA_OP_TYPES
 from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.graphtables import WEIGHT_READING_LOOPS, gradient_sum_readers, split_groups, weight_bound_layers
+from kerasflow.planner.graphtables import (WEIGHT_READING_LOOPS, batch_ops, gradient_sum_readers, split_groups,
+                                           weight_bound_layers)
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.tasknames import parse_copy_name
 from kerasflow.planner.toposort import topological_order
@@ -65,6 +66,10 @@ class PlanApplier:
         self.scope_layer: dict[str, str | None] = {}
         self.op_type = {op.name: op.type for op in graph.ops if op.type} if graph is not None else {}
         self.weight_bound_layers = weight_bound_layers(graph) if graph is not None else set()
+        # Ops the plan runs once however the batch is cut (a BatchNormalization's update of its
+        # moving statistics, which its first shard makes inside its scope).
+        self.runs_once = {op.name for op, copied in zip(graph.ops, batch_ops(graph)) if not copied
+                          } if graph is not None else set()
         self.loops = [(op.name, op.name.split("/")) for op in graph.ops
                       if op.type in WEIGHT_READING_LOOPS] if graph is not None else []
         if graph is not None:
@@ -87,8 +92,15 @@ class PlanApplier:
         for layer, shards in plan.splits.items():
             self.layer_device.setdefault(layer, shards[0].device)
         # The names of the ops that read each of the tape's sums of gradients -> the sum's name.
-        self.sum_of_readers = {readers: name for name, readers in gradient_sum_readers(graph).items()
-                               } if graph is not None else {}
+        sums = gradient_sum_readers(graph) if graph is not None else {}
+        self.sum_of_readers = {readers: name for name, readers in sums.items()}
+        # Per layer, its one sum of its input's gradient (read by other layers only), if it has one.
+        input_sums: dict[str, list[str]] = {}
+        for name, readers in sums.items():
+            layer = self.layer_of.get(name)
+            if layer is not None and all(self.layer_of.get(reader) != layer for reader in readers):
+                input_sums.setdefault(layer, []).append(name)
+        self.input_gradient_sum = {layer: names[0] for layer, names in input_sums.items() if len(names) == 1}
         self.traced_copies: dict[str, tuple[str, int, int]] = {}  # the last trace's sums: name -> copy
         self.last_report = ApplyReport()
         self.tensor_bytes: dict[str, float | None] = {}  # "<op>:<i>" -> bytes, from the last trace
@@ -157,9 +169,16 @@ class PlanApplier:
         a profiled sum."""
         if op.type != "AddN" or "/" in split_name(op.name)[0] or not self.sum_of_readers:
             return
-        readers = [split_name(c.name) for t in op.outputs for c in t.consumers() if c.name in live]
+        consumers = [c.name for t in op.outputs for c in t.consumers() if c.name in live]
+        readers = [split_name(name) for name in consumers]
         copies = {(w, s) for _, w, s in readers}
         profiled = self.sum_of_readers.get(frozenset(name for name, _, _ in readers))
+        if profiled is None and consumers and all(shard_boundary(name) for name in consumers):
+            # A shard of a split layer sums the gradient of its piece of the layer's input, which
+            # the cut's gradient joins: the layer's sum of its input's gradient, per shard.
+            layers = {self.layer_of_name(name) for name, _, _ in readers}
+            copies = {split_name(t.op.name)[1:] for t in op.inputs}
+            profiled = self.input_gradient_sum.get(layers.pop()) if len(layers) == 1 else None
         if profiled is not None and len(copies) == 1:
             self.traced_copies[op.name] = (profiled, *copies.pop())
 
@@ -304,7 +323,8 @@ class PlanApplier:
             return
         keyed: dict[tuple[str, int, int], tf.Operation] = {}
         for op in ops:
-            keyed.setdefault(self.copy_of(op.name), op)
+            base, wave, shard = self.copy_of(op.name)
+            keyed.setdefault((base, wave, -1 if base in self.runs_once else shard), op)
         folded = _folded_before_running(ops)
         chains = []
         for names in self.plan.order.values():

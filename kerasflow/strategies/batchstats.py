@@ -1,4 +1,4 @@
-"""The whole batch's BatchNormalization statistics in a data-parallel step, as one device computes them.
+"""The whole batch's BatchNormalization statistics in a data-parallel step or a split layer, as one device computes them.
 
 Each replica normalizes its share of the batch with the statistics of the whole batch: it sums
 its share, the replicas' sums are added by a ring all-reduce (``ring_all_reduce``), and the mean
@@ -9,6 +9,12 @@ gradients are its share of the whole batch's. That makes four all-reduces of one
 channel per layer and step, each a point where every replica waits for all the others, so the
 replicas are traced in lockstep (``Lockstep``). ``planner.taskgraph`` simulates the same four
 rings, at the ops where one device reduces the batch.
+
+A split BatchNormalization layer's shards do the same within one replica (``ShardStatistics``):
+each shard sums its rows on its device, the sums are added on the first shard's device and
+the total is sent to every shard; backward, the shards' gradients of each total are added
+there and sent back. The simulator's split layer does the same at the same four ops. Every
+shard then has the same statistics, so only the first one updates the moving averages.
 """
 
 from __future__ import annotations
@@ -22,9 +28,9 @@ from kerasflow import _compat
 from kerasflow.planner.errors import KerasflowError
 from kerasflow.strategies.lockstep import Lockstep
 from kerasflow.strategies.replicas import ring_all_reduce
-from kerasflow.strategies.scopes import BATCH_STATISTICS_SCOPE
+from kerasflow.strategies.scopes import BATCH_STATISTICS_SCOPE, gradient_scope
 
-__all__ = ["synchronized_layers", "whole_batch_statistics"]
+__all__ = ["synchronized_layers", "whole_batch_statistics", "ShardStatistics"]
 
 
 def synchronized_layers(model) -> list:
@@ -49,6 +55,103 @@ def whole_batch_statistics(layers: list, lockstep: Lockstep, devices: list[str],
             patches.enter_context(_compat.overridden(layer, "_moments",
                                                      functools.partial(_moments, layer, lockstep, devices, batch)))
         yield
+
+
+class ShardStatistics:
+    """The whole batch's mean and variance for the shards of a split BatchNormalization layer
+    (see the module docstring), built at trace time before the shards run.
+
+    Args:
+        layer: the layer (``_compat.is_batch_normalization``).
+        inputs: each shard's rows of the layer's input, in shard order.
+        devices: each shard's device.
+        scopes: each shard's name scope, in full (``"model/norm/shard0/"``).
+        batch: the whole batch's rows.
+
+    Example:
+        >>> import keras
+        >>> layer = keras.layers.BatchNormalization()
+        >>> layer.build((None, 2))
+        >>> x = tf.constant([[1.0, 2.0], [3.0, 6.0]])
+        >>> statistics = ShardStatistics(layer, [x[:1], x[1:]], ["/CPU:0", "/CPU:0"], ["shard0/", "shard1/"], 2)
+        >>> with statistics.shard(1):
+        ...     y = layer(x[1:], training=True)
+        >>> [round(float(v), 4) for v in y[0]]  # (3, 6) with the whole batch's mean (2, 4), variance (1, 4)
+        [0.9995, 0.9999]
+        >>> layer.moving_mean.numpy().tolist()  # the first shard updates it, not this one
+        [0.0, 0.0]
+    """
+
+    def __init__(self, layer, inputs: list, devices: list[str], scopes: list[str], batch):
+        self.layer, self.devices = layer, list(devices)
+        axes = list(layer._reduction_axes)
+        inputs = [tf.cast(x, tf.float32) if x.dtype in (tf.float16, tf.bfloat16) else x for x in inputs]
+        # Each shard's ops under "moments" in its scope, named as tf.nn.moments names the whole
+        # batch's, so the plan knows them (and their gradients) and orders them as its shards'.
+        self.scopes = []
+        for scope in scopes:
+            with tf.name_scope(scope), tf.name_scope("moments") as moments:
+                self.scopes.append(moments)
+        rows = self._per_shard(lambda i: tf.cast(tf.shape(inputs[i])[0], inputs[i].dtype), "whole/")
+        whole = tf.cast(batch, inputs[0].dtype)
+        means = self._whole(self._per_shard(lambda i: tf.reduce_mean(inputs[i], axes, keepdims=True, name="mean")),
+                            rows, whole)
+        deviations = self._per_shard(lambda i: tf.math.squared_difference(
+            inputs[i], tf.stop_gradient(means[i], name="StopGradient"), name="SquaredDifference"))
+        variances = self._whole(self._per_shard(
+            lambda i: tf.reduce_mean(deviations[i], axes, keepdims=True, name="variance")), rows, whole)
+        self.moments = self._per_shard(lambda i: (tf.squeeze(means[i], axes, name="Squeeze"),
+                                                  tf.squeeze(variances[i], axes, name="Squeeze")))
+
+    def _per_shard(self, make, scope: str = "") -> list:
+        """``make(i)`` for each shard ``i``, on its device, under its "moments" scope (and ``scope``
+        inside it, ending in "/")."""
+        made = []
+        for i, (device, moments) in enumerate(zip(self.devices, self.scopes)):
+            with tf.device(device), tf.name_scope(moments + scope):
+                made.append(make(i))
+        return made
+
+    def _whole(self, means: list, rows: list, whole) -> list:
+        """The whole batch's mean, once per shard, from each shard's mean over its ``rows``: each
+        weighted by its rows on its device, added on the first shard's (``_added_on_first``),
+        the total over the ``whole`` batch's rows."""
+        weighted = self._per_shard(lambda i: means[i] * rows[i], "whole/")
+        totals = self._added_on_first(weighted)
+        return self._per_shard(lambda i: totals[i] / whole, "whole/")
+
+    def _added_on_first(self, parts: list) -> list:
+        """``parts`` added on the first shard's device, the total once per shard; backward, the
+        shards' gradients of it added there, the sum the gradient of every part."""
+        @tf.custom_gradient
+        def added(*values):
+            total = tf.add_n(list(values))
+
+            def gradient(*upstream):
+                # The tape calls this outside every scope: its sum is named as the first shard's.
+                with tf.device(self.devices[0]), tf.name_scope(gradient_scope(scope)):
+                    summed = tf.add_n([g for g in upstream if g is not None])
+                return [summed] * len(values)
+
+            return [tf.identity(total) for _ in values], gradient
+
+        with tf.device(self.devices[0]), tf.name_scope(self.scopes[0] + "whole/") as scope:
+            return added(*parts)
+
+    @contextlib.contextmanager
+    def shard(self, index: int):
+        """While inside, the layer's call computes shard ``index``'s rows with the whole batch's
+        moments; a shard but the first leaves the moving statistics to it."""
+        def moments(inputs, mask):
+            if mask is not None:
+                raise KerasflowError(f"A split BatchNormalization layer cannot compute the whole batch's statistics "
+                                     f"with a mask yet. Received: layer={self.layer.name!r} called with a mask. Plan "
+                                     "without splitting it.")
+            return self.moments[index]
+
+        with _compat.overridden(self.layer, "_moments", moments):
+            with _compat.moving_statistics_kept(self.layer) if index else contextlib.nullcontext():
+                yield
 
 
 def _moments(layer, lockstep: Lockstep, devices: list[str], batch, inputs, mask):

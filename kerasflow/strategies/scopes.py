@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["wave_scope", "shard_scope", "replica_scope", "SHARD_INPUTS_SCOPE", "SHARD_OUTPUTS_SCOPE", "WAVES_SCOPE",
-           "RING_SCOPE", "BATCH_STATISTICS_SCOPE", "shard_boundary", "split_name", "replica_of"]
+           "RING_SCOPE", "BATCH_STATISTICS_SCOPE", "shard_boundary", "split_name", "replica_of", "gradient_scope"]
 
 SHARD_INPUTS_SCOPE = "shard_inputs"
 SHARD_OUTPUTS_SCOPE = "shard_outputs"
@@ -59,6 +59,17 @@ def replica_scope(replica: int) -> str:
         'replica1'
     """
     return f"replica{replica}"
+
+
+def gradient_scope(scope: str) -> str:
+    """The full name scope of the gradient of ops made under the full name scope ``scope``, as
+    TensorFlow's tape names it (for a gradient made by hand, which the tape does not name).
+
+    Example:
+        >>> gradient_scope("model/norm/shard0/moments/")
+        'gradient_tape/model/norm/shard0/moments/'
+    """
+    return _GRADIENT_PREFIX + scope
 
 
 def replica_of(name: str) -> int:

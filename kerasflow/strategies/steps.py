@@ -6,7 +6,9 @@ and a ``shard<i>`` name scope, and the outputs are concatenated, except for the 
 layer with the same shards, which takes them shard by shard (as the simulator connects
 them); autodiff gives gradients equal to the unsplit layer's. A split compiled loss (the
 plan's ``LOSS_GROUP``) runs the same way, each shard's loss weighted by its share of the batch
-and the weighted losses summed (``split_loss``). Then it runs the step, as is,
+and the weighted losses summed (``split_loss``). A split BatchNormalization layer normalizes every
+shard with the whole batch's statistics, which its shards compute together, and only its first
+shard updates the moving statistics (``batchstats.ShardStatistics``). Then it runs the step, as is,
 as waves, or as data-parallel replicas, and hands every op of the trace that runs (TensorFlow
 prunes the others) to the ``PlanApplier``. A copy (shard or wave) of a layer whose loop reads
 its weights inside (an LSTM's) computes with the weights read for it, so it runs on its own
@@ -39,7 +41,7 @@ from kerasflow import _compat
 from kerasflow.planner.graphtables import LOSS_GROUP
 from kerasflow.profiling.capture import last_op_id, live_operations
 from kerasflow.strategies.applier import PlanApplier
-from kerasflow.strategies.batchstats import synchronized_layers, whole_batch_statistics
+from kerasflow.strategies.batchstats import ShardStatistics, synchronized_layers, whole_batch_statistics
 from kerasflow.strategies.lockstep import Lockstep
 from kerasflow.strategies.out_of_data import effects_wait_for_the_batch
 from kerasflow.strategies.replicas import Replicas, all_reduce_gradients
@@ -137,14 +139,17 @@ def _split(t, sizes, batch):
 
 
 def split_call(original: Callable, shards, chains: _ShardChains | None = None,
-               weights_read_here: Callable[[], Any] | None = None) -> Callable:
+               weights_read_here: Callable[[], Any] | None = None,
+               statistics: Callable[[list, list[str], list[str], Any], ShardStatistics] | None = None) -> Callable:
     """``original`` (a layer's call) run as shards of the batch, outputs concatenated.
 
     Each input is cut once, under ``shard_inputs``, into its shards; an input that is a previous
     split layer's output under the same shard map is taken shard by shard from ``chains`` instead.
     ``weights_read_here``, when given, makes a context inside which the layer computes with its
     weights read by each shard on its device (a recurrent loop that reads its weights inside
-    would otherwise run where they live).
+    would otherwise run where they live). ``statistics``, when given (a BatchNormalization
+    layer), makes the whole batch's statistics from each shard's input rows, devices and name
+    scopes and the batch (``ShardStatistics``), which every shard then normalizes with.
     """
     chains = chains if chains is not None else _ShardChains()
     signature = tuple((s.device, s.fraction) for s in shards)
@@ -155,12 +160,23 @@ def split_call(original: Callable, shards, chains: _ShardChains | None = None,
         sizes = _sizes(batch, [s.fraction for s in shards])
         with tf.name_scope(SHARD_INPUTS_SCOPE):
             per_shard = chains.cut((args, kwargs), signature, sizes, batch)
+        scopes = []
+        for i in range(len(shards)):
+            with tf.name_scope(shard_scope(i)) as scope:  # each shard's scope, entered again by its full name
+                scopes.append(scope)
+        together = None
+        if statistics is not None:
+            rows = [piece_args[0] if piece_args else piece_kwargs["inputs"] for piece_args, piece_kwargs in per_shard]
+            together = statistics(rows, [s.device for s in shards], scopes, batch)
         outputs = []
         for i, shard in enumerate(shards):
             piece_args, piece_kwargs = per_shard[i]
-            with tf.device(shard.device), tf.name_scope(shard_scope(i)):
-                with weights_read_here() if weights_read_here is not None else contextlib.nullcontext():
-                    outputs.append(original(*piece_args, **piece_kwargs))
+            with tf.device(shard.device), tf.name_scope(scopes[i]), contextlib.ExitStack() as inside:
+                if weights_read_here is not None:
+                    inside.enter_context(weights_read_here())
+                if together is not None:
+                    inside.enter_context(together.shard(i))
+                outputs.append(original(*piece_args, **piece_kwargs))
         with tf.name_scope(SHARD_OUTPUTS_SCOPE):
             joined = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *outputs)
         chains.record(joined, outputs, signature)
@@ -308,8 +324,9 @@ class PlannedStep:
             if layer is None:
                 continue
             reads = functools.partial(_compat.weights_read_here, layer) if layer_name in bound else None
-            call = (split_call(layer.call, plan.splits[layer_name], chains, reads) if layer_name in plan.splits
-                    else _with_weights_read_here(layer.call, reads))
+            statistics = functools.partial(ShardStatistics, layer) if _compat.is_batch_normalization(layer) else None
+            call = (split_call(layer.call, plan.splits[layer_name], chains, reads, statistics)
+                    if layer_name in plan.splits else _with_weights_read_here(layer.call, reads))
             patches.enter_context(_compat.overridden(layer, "call", call))
         compiled = _compat.compiled_loss(self.model)
         if LOSS_GROUP in plan.splits and compiled is not None:

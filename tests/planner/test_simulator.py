@@ -467,6 +467,61 @@ def test_replicas_with_their_own_statistics_send_none_of_them():
     assert simulate(normalization(), cluster(2), waved).ring_transfers == []
 
 
+def split_normalization(synchronized_layers=("bn",)):
+    """Layer "bn" normalizing a batch of 2 (``m``, 1 s a sample, on /D:0) with its statistic (40 B),
+    split in halves over two devices: ``mean`` (1 s a shard) reduces the batch, ``decay`` (free)
+    takes the statistic to the moving average ``avg``, ``norm`` (1 s a sample) uses it; backward,
+    ``g`` (1 s a shard) reduces the batch again and ``dx`` (1 s a sample) uses that, and ``dscale``
+    (free), a weight's gradient, goes to its update ``apply``."""
+    graph = OpGraph([
+        op("m", (0.0, 1.0), [(0, 4)], batch_axis=0),
+        op("mean", 1.0, [40], layer="bn"),
+        op("decay", 0.0, [40], layer="bn"),
+        op("mv", 0.0, [40], phase="other", persistent_bytes=40, colocation="mv"),
+        op("avg", 0.0, [], phase="update", colocation="mv", layer="bn"),
+        op("norm", (0.0, 1.0), [(0, 4)], layer="bn"),
+        op("g", 1.0, [40], phase="backward", layer="bn"),
+        op("dx", (0.0, 1.0), [(0, 4)], phase="backward", layer="bn"),
+        op("dscale", 0.0, [40], phase="backward", layer="bn"),
+        op("apply", 0.0, [], phase="update", colocation="mv", layer="bn"),
+    ], [("m", "mean", 0), ("m", "norm", 0), ("mean", "norm", 0), ("mean", "decay", 0), ("decay", "avg", 0),
+        ("mv", "avg", None), ("norm", "g", 0), ("g", "dx", 0), ("norm", "dscale", 0), ("dscale", "apply", 0),
+        ("mv", "apply", None)], batch_size=2,
+        metadata={"synchronized_layers": list(synchronized_layers)})
+    halves = (Shard("/D:0", 0.5), Shard("/D:1", 0.5))
+    return graph, Plan(placement={o.name: "/D:0" for o in graph.ops}, splits={"bn": halves})
+
+
+def test_a_split_layers_shards_sum_their_statistics_on_the_first_shard():
+    # At 100 B/s: m 0-2 on D:0; the second shard's row (4 B) reaches D:1 at 2.04. mean@s0 2-3,
+    # mean@s1 2.04-3.04; its 40 B reach D:0 at 3.44, where the sum runs, and the total is back on
+    # D:1 at 3.84. norm@s0 3.44-4.44, norm@s1 3.84-4.84; g@s0 4.44-5.44, g@s1 4.84-5.84, summed on
+    # D:0 at 6.24 and back at 6.64; dx@s0 6.24-7.24, dx@s1 6.64-7.64. One shard updates the
+    # moving average: there is one statistic. Each shard sends its part of the weight's gradient
+    # (dscale, free, on D:1 at 5.84, after g, which comes first in the graph) to the update.
+    graph, plan = split_normalization()
+    result = simulate(graph, cluster(2), plan)
+    times = result.times()
+    assert times["mean:0@sum@w0@/D:0"] == pytest.approx((3.44, 3.44))
+    assert times["norm@s1"] == pytest.approx((3.84, 4.84))
+    assert times["g:0@sum@w0@/D:0"] == pytest.approx((6.24, 6.24))
+    assert times["dx@s1"] == pytest.approx((6.64, 7.64))
+    assert result.makespan == pytest.approx(7.64)
+    assert "decay@s0" in times and "decay@s1" not in times
+    assert times["dscale@s1"] == pytest.approx((5.84, 5.84))
+    # Sent: the second shard's row; each statistic's part (mean, g) to D:0 and its total back;
+    # the second shard's part of the weight's gradient.
+    assert sorted((t.src, t.dst, t.bytes) for t in result.transfers if t.src != t.dst) == [
+        ("/D:0", "/D:1", 4.0), ("/D:0", "/D:1", 40.0), ("/D:0", "/D:1", 40.0),
+        ("/D:1", "/D:0", 40.0), ("/D:1", "/D:0", 40.0), ("/D:1", "/D:0", 40.0)]
+
+
+def test_a_layer_the_profile_does_not_synchronize_cannot_be_split():
+    graph, plan = split_normalization(synchronized_layers=())
+    with pytest.raises(InvalidPlanError, match="layer 'bn' cannot be split: its op 'mean'"):
+        simulate(graph, cluster(2), plan)
+
+
 def test_a_malformed_list_of_normalization_layers_is_refused_naming_it():
     plan = Plan(data_parallel=DataParallel(("/D:0", "/D:1")))
     with pytest.raises(InvalidGraphError, match=r"metadata\['synchronized_layers'\] must be a list of layer names.*"

@@ -153,6 +153,9 @@ def test_splittable_layers_exclude_batch_coupled_ones():
                      op("v", 0.0, [4], layer="dense", phase="other", persistent_bytes=4, colocation="v")],
                     [("m", "bn", 0)])
     assert splittable_layers(graph) == {"dense"}
+    # Unless the profile lists it as a layer whose shards compute its statistics together.
+    synchronized = OpGraph(graph.ops, graph.edges, metadata={"synchronized_layers": ["batch_norm"]})
+    assert splittable_layers(synchronized) == {"dense", "batch_norm"}
 
 
 def test_a_layer_with_a_batch_op_pinned_in_a_group_is_not_splittable():

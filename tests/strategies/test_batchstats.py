@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import kerasflow
-from kerasflow.planner import DataParallel, Plan
+from kerasflow.planner import DataParallel, Plan, Shard
 
 DEVICES = ["/CPU:0", "/CPU:1", "/CPU:2"]
 BATCH = 24
@@ -132,4 +132,24 @@ def test_a_masked_normalization_under_a_given_data_parallel_plan_falls_back_with
     messages = [str(w.message) for w in caught if "kerasflow" in str(w.message)]
     assert len(messages) == 1 and "masked BatchNormalization" in messages[0], messages
     assert "replicated='off'" in messages[0]
+    assert np.isfinite(history["loss"][0]) and not strategy.plan_in_force
+
+
+def test_a_split_masked_normalization_falls_back_with_the_reason():
+    # The profile does not list a masked BatchNormalization, so the planner never splits one; a
+    # plan given by hand that does is refused at its first trace, and training goes on.
+    strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0)
+    keras.utils.set_random_seed(5)
+    with strategy.scope():
+        model = masked_classifier()
+    model.fit(tokens(), epochs=1, verbose=0)
+    graph, norm = strategy.profile, next(l.name for l in model.layers if isinstance(l, keras.layers.BatchNormalization))
+    strategy.use_plan(Plan(placement={op.name: DEVICES[0] for op in graph.ops}, batch_size=BATCH,
+                           splits={norm: (Shard(DEVICES[0], 0.5), Shard(DEVICES[1], 0.5))}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(tokens(), epochs=1, verbose=0).history
+    messages = [str(w.message) for w in caught if "kerasflow" in str(w.message)]
+    assert len(messages) == 1 and "A split BatchNormalization layer cannot compute the whole batch's statistics " \
+                                  "with a mask yet" in messages[0], messages
     assert np.isfinite(history["loss"][0]) and not strategy.plan_in_force

@@ -261,26 +261,36 @@ def test_labels_cast_across_devices_are_sent_as_grappler_rewrites_them(recurrent
     sends_as_simulated(strategy, model, data, graph, parted, whole_order=False)
 
 
-@pytest.fixture(scope="module")
-def normalized_cnn():
-    """A small image classifier as the Keras vision tutorials write it, with BatchNormalization:
-    data-parallel replicas sum each layer's statistics and their gradients around the ring."""
-    keras.utils.set_random_seed(0)
-    strategy = kerasflow.FastTStrategy(devices=DEVICES, verbose=0)
-    with strategy.scope():
-        model = keras.Sequential([
-            keras.Input((8, 8, 3)),
-            keras.layers.Conv2D(16, 3, padding="same", use_bias=False, name="conv"),
-            keras.layers.BatchNormalization(name="norm"),
-            keras.layers.ReLU(),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(4, name="logits"),
-        ])
-        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+def normalized_cnn_model():
+    """A small image classifier as the Keras vision tutorials write it, with BatchNormalization."""
+    model = keras.Sequential([
+        keras.Input((8, 8, 3)),
+        keras.layers.Conv2D(16, 3, padding="same", use_bias=False, name="conv"),
+        keras.layers.BatchNormalization(name="norm"),
+        keras.layers.ReLU(name="relu"),
+        keras.layers.GlobalAveragePooling2D(name="pool"),
+        keras.layers.Dense(4, name="logits"),
+    ])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def images():
     rng = np.random.default_rng(3)
     images = tf.data.Dataset.from_tensor_slices((rng.random((8 * BATCH, 8, 8, 3), dtype=np.float32),
                                                  rng.integers(0, 4, 8 * BATCH)))
-    data = images.batch(BATCH, drop_remainder=True)
+    return images.batch(BATCH, drop_remainder=True)
+
+
+@pytest.fixture(scope="module")
+def normalized_cnn():
+    """The image classifier trained once under the strategy: data-parallel replicas, and the
+    shards of a split normalization layer, sum its statistics and their gradients."""
+    keras.utils.set_random_seed(0)
+    strategy = kerasflow.FastTStrategy(devices=DEVICES, verbose=0)
+    with strategy.scope():
+        model = normalized_cnn_model()
+    data = images()
     model.fit(data, epochs=1, verbose=0)
     return strategy, model, data, strategy.profile
 
@@ -300,6 +310,53 @@ def test_batch_statistics_go_around_the_ring_as_simulated(normalized_cnn):
     # 4 rings x 2 = 8 chunks of 32 bytes each way.
     assert {pair: (count - alone[pair][0], nbytes - alone[pair][1]) for pair, (count, nbytes) in sent.items()} == {
         (DEVICES[0], DEVICES[1]): (8, 8 * 32.0), (DEVICES[1], DEVICES[0]): (8, 8 * 32.0)}
+
+
+NORMALIZED_PLAN_KINDS = {
+    # The shards' sums of each statistic (and of its gradient) go to the first shard and back.
+    "a split normalization layer": lambda g, c: split("norm")(g, c),
+    "a split chain through the normalization layer": lambda g, c: split("conv", "norm", "relu")(g, c),
+    "hybrid (HEFT around a split normalization layer)": list_scheduled(
+        heft, splits={layer: halves() for layer in ("conv", "norm", "relu", "pool", "logits", LOSS_GROUP)}),
+}
+
+
+@pytest.mark.parametrize("kind", list(NORMALIZED_PLAN_KINDS))
+def test_a_split_normalization_layer_sends_its_statistics_as_simulated(normalized_cnn, kind):
+    strategy, model, data, graph = normalized_cnn
+    sent = sends_as_simulated(strategy, model, data, graph, NORMALIZED_PLAN_KINDS[kind](graph, strategy.cluster))
+    if kind == "a split normalization layer":
+        # Worked out: the layer's input (32 x 8 x 8 x 16 floats) is cut on /CPU:0, the second
+        # half (64 KiB) goes over and its output comes back, and the same backward; besides,
+        # the 16-float statistics: two parts sent to /CPU:0 and two totals back, forward and
+        # backward; the scale and offset read for the second shard, and their gradients back.
+        statistics = 16 * 4.0
+        assert sent == {(DEVICES[0], DEVICES[1]): (2 + 4 + 2, 2 * 65536 + 6 * statistics),
+                        (DEVICES[1], DEVICES[0]): (2 + 4 + 2, 2 * 65536 + 6 * statistics)}
+
+
+def test_a_split_normalization_layer_trains_like_plain_keras():
+    # Every layer and the loss split in halves from the second epoch on (the first profiles the
+    # step): losses, weights (the moving statistics too), evaluate and predict equal plain Keras'.
+    def trained(strategy, split_after_the_first_epoch=False):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = normalized_cnn_model()
+        losses = model.fit(images(), epochs=1, verbose=0).history["loss"]
+        if split_after_the_first_epoch:
+            strategy.use_plan(split("conv", "norm", "relu", "pool", "logits", LOSS_GROUP)(strategy.profile, None))
+        losses += model.fit(images(), epochs=2, verbose=0).history["loss"]
+        return losses, model.get_weights(), model.evaluate(images(), verbose=0), model.predict(images(), verbose=0)
+
+    plain = trained(tf.distribute.get_strategy())
+    strategy = kerasflow.FastTStrategy(devices=DEVICES, verbose=0)
+    planned = trained(strategy, split_after_the_first_epoch=True)
+    assert strategy.plan_in_force and "norm" in strategy.plan.splits and strategy.placement_report() == []
+    np.testing.assert_allclose(planned[0], plain[0], rtol=1e-5)
+    for got, expected in zip(planned[1], plain[1]):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(planned[2], plain[2], rtol=1e-5)
+    np.testing.assert_allclose(planned[3], plain[3], rtol=1e-5, atol=1e-6)
 
 
 def residual_model():
