@@ -1,4 +1,4 @@
-"""The whole batch's BatchNormalization statistics in a data-parallel step or a split layer, as one device computes them.
+"""The whole batch's BatchNormalization statistics across replicas or shards, as one device computes them.
 
 Each replica normalizes its share of the batch with the statistics of the whole batch: it sums
 its share, the replicas' sums are added by a ring all-reduce (``ring_all_reduce``), and the mean
@@ -11,10 +11,11 @@ replicas are traced in lockstep (``Lockstep``). ``planner.taskgraph`` simulates 
 rings, at the ops where one device reduces the batch.
 
 A split BatchNormalization layer's shards do the same within one replica (``ShardStatistics``):
-each shard sums its rows on its device, the sums are added on the first shard's device and
-the total is sent to every shard; backward, the shards' gradients of each total are added
-there and sent back. The simulator's split layer does the same at the same four ops. Every
-shard then has the same statistics, so only the first one updates the moving averages.
+each shard takes the mean of its rows on its device, the means, weighted by their rows, are
+added on the first shard's device, and the total (over the whole batch's rows) is sent to every
+shard; backward, the shards' gradients of each total are added there and sent back. The
+simulator's split layer sends the same at the same four ops. Every shard then has the same
+statistics, so only the first one updates the moving averages.
 """
 
 from __future__ import annotations
