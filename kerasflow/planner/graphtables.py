@@ -14,8 +14,8 @@ from .errors import InvalidGraphError
 from .graph import OpGraph
 
 __all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "BatchStatistics", "batch_ops",
-           "batch_statistics", "shardable_ops", "folded_ops", "variable_groups", "weight_bound_layers", "colocation_groups",
-           "static_tables", "durations", "LOSS_GROUP", "split_groups", "is_loss_op", "group_ops",
+           "batch_statistics", "shardable_ops", "folded_ops", "variable_groups", "weight_bound_layers",
+           "colocation_groups", "static_tables", "durations", "LOSS_GROUP", "split_groups", "is_loss_op", "group_ops",
            "gradient_sums", "gradient_sum_readers", "layer_readers"]
 
 BATCH_PHASES = ("forward", "backward")

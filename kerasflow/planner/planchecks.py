@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from .cluster import Cluster
 from .errors import InvalidPlanError
 from .graph import OpGraph
-from .graphtables import batch_ops, colocation_groups, gradient_sums, group_ops, layer_readers, shardable_ops, split_groups
+from .graphtables import (batch_ops, colocation_groups, gradient_sums, group_ops, layer_readers, shardable_ops,
+                          split_groups)
 from .plan import Plan
 from .toposort import topological_order
 

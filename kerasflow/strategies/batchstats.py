@@ -86,13 +86,15 @@ class ShardStatistics:
     def __init__(self, layer, inputs: list, devices: list[str], scopes: list[str], batch):
         self.layer, self.devices = layer, list(devices)
         axes = list(layer._reduction_axes)
-        inputs = [tf.cast(x, tf.float32) if x.dtype in (tf.float16, tf.bfloat16) else x for x in inputs]
         # Each shard's ops under "moments" in its scope, named as tf.nn.moments names the whole
         # batch's, so the plan knows them (and their gradients) and orders them as its shards'.
         self.scopes = []
         for scope in scopes:
             with tf.name_scope(scope), tf.name_scope("moments") as moments:
                 self.scopes.append(moments)
+        # Half-precision rows are reduced in float32, as the layer's call casts them.
+        inputs = self._per_shard(lambda i: tf.cast(inputs[i], tf.float32)
+                                 if inputs[i].dtype in (tf.float16, tf.bfloat16) else inputs[i])
         rows = self._per_shard(lambda i: tf.cast(tf.shape(inputs[i])[0], inputs[i].dtype), "whole/")
         whole = tf.cast(batch, inputs[0].dtype)
         means = self._whole(self._per_shard(lambda i: tf.reduce_mean(inputs[i], axes, keepdims=True, name="mean")),

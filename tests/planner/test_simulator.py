@@ -14,7 +14,7 @@ from kerasflow.planner import (
 from kerasflow.planner.graphtables import weight_bound_layers
 from kerasflow.planner.simulator import run_task_graph
 from kerasflow.planner.taskgraph import TaskGraph, build_task_graph
-from tests.planner.helpers import cluster, normalization, op
+from tests.planner.helpers import cluster, normalization, op, split_normalization
 
 
 def fork_join():
@@ -465,31 +465,6 @@ def test_replicas_with_their_own_statistics_send_none_of_them():
     waved = Plan(data_parallel=DataParallel(("/D:0", "/D:1")), waves=Waves(2))
     assert not waved.synchronizes_statistics
     assert simulate(normalization(), cluster(2), waved).ring_transfers == []
-
-
-def split_normalization(synchronized_layers=("bn",)):
-    """Layer "bn" normalizing a batch of 2 (``m``, 1 s a sample, on /D:0) with its statistic (40 B),
-    split in halves over two devices: ``mean`` (1 s a shard) reduces the batch, ``decay`` (free)
-    takes the statistic to the moving average ``avg``, ``norm`` (1 s a sample) uses it; backward,
-    ``g`` (1 s a shard) reduces the batch again and ``dx`` (1 s a sample) uses that, and ``dscale``
-    (free), a weight's gradient, goes to its update ``apply``."""
-    graph = OpGraph([
-        op("m", (0.0, 1.0), [(0, 4)], batch_axis=0),
-        op("mean", 1.0, [40], layer="bn"),
-        op("decay", 0.0, [40], layer="bn"),
-        op("mv", 0.0, [40], phase="other", persistent_bytes=40, colocation="mv"),
-        op("avg", 0.0, [], phase="update", colocation="mv", layer="bn"),
-        op("norm", (0.0, 1.0), [(0, 4)], layer="bn"),
-        op("g", 1.0, [40], phase="backward", layer="bn"),
-        op("dx", (0.0, 1.0), [(0, 4)], phase="backward", layer="bn"),
-        op("dscale", 0.0, [40], phase="backward", layer="bn"),
-        op("apply", 0.0, [], phase="update", colocation="mv", layer="bn"),
-    ], [("m", "mean", 0), ("m", "norm", 0), ("mean", "norm", 0), ("mean", "decay", 0), ("decay", "avg", 0),
-        ("mv", "avg", None), ("norm", "g", 0), ("g", "dx", 0), ("norm", "dscale", 0), ("dscale", "apply", 0),
-        ("mv", "apply", None)], batch_size=2,
-        metadata={"synchronized_layers": list(synchronized_layers)})
-    halves = (Shard("/D:0", 0.5), Shard("/D:1", 0.5))
-    return graph, Plan(placement={o.name: "/D:0" for o in graph.ops}, splits={"bn": halves})
 
 
 def test_a_split_layers_shards_sum_their_statistics_on_the_first_shard():

@@ -110,12 +110,25 @@ def tokens():
                                                rng.integers(0, 3, 288))).batch(BATCH)
 
 
-def test_auto_keeps_a_masked_normalization_on_one_replica():
-    strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0)
+def kerasflow_warnings_of_an_epoch(model):
+    """An epoch of ``tokens()``: kerasflow's warnings, and the History's record."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(tokens(), epochs=1, verbose=0).history
+    return [str(w.message) for w in caught if "kerasflow" in str(w.message)], history
+
+
+def masked_classifier_trained_an_epoch(strategy):
     keras.utils.set_random_seed(5)
     with strategy.scope():
         model = masked_classifier()
     model.fit(tokens(), epochs=1, verbose=0)
+    return model
+
+
+def test_auto_keeps_a_masked_normalization_on_one_replica():
+    strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0)
+    masked_classifier_trained_an_epoch(strategy)
     assert strategy.profile.metadata["synchronized_layers"] == []
     assert "data_parallel" not in strategy._driver_of().report["candidates"]
 
@@ -126,10 +139,7 @@ def test_a_masked_normalization_under_a_given_data_parallel_plan_falls_back_with
     keras.utils.set_random_seed(5)
     with strategy.scope():
         model = masked_classifier()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        history = model.fit(tokens(), epochs=1, verbose=0).history
-    messages = [str(w.message) for w in caught if "kerasflow" in str(w.message)]
+    messages, history = kerasflow_warnings_of_an_epoch(model)
     assert len(messages) == 1 and "masked BatchNormalization" in messages[0], messages
     assert "replicated='off'" in messages[0]
     assert np.isfinite(history["loss"][0]) and not strategy.plan_in_force
@@ -139,17 +149,12 @@ def test_a_split_masked_normalization_falls_back_with_the_reason():
     # The profile does not list a masked BatchNormalization, so the planner never splits one; a
     # plan given by hand that does is refused at its first trace, and training goes on.
     strategy = kerasflow.FastTStrategy(devices=DEVICES[:2], verbose=0)
-    keras.utils.set_random_seed(5)
-    with strategy.scope():
-        model = masked_classifier()
-    model.fit(tokens(), epochs=1, verbose=0)
-    graph, norm = strategy.profile, next(l.name for l in model.layers if isinstance(l, keras.layers.BatchNormalization))
+    model = masked_classifier_trained_an_epoch(strategy)
+    graph = strategy.profile
+    norm = next(layer.name for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization))
     strategy.use_plan(Plan(placement={op.name: DEVICES[0] for op in graph.ops}, batch_size=BATCH,
                            splits={norm: (Shard(DEVICES[0], 0.5), Shard(DEVICES[1], 0.5))}))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        history = model.fit(tokens(), epochs=1, verbose=0).history
-    messages = [str(w.message) for w in caught if "kerasflow" in str(w.message)]
+    messages, history = kerasflow_warnings_of_an_epoch(model)
     assert len(messages) == 1 and "A split BatchNormalization layer cannot compute the whole batch's statistics " \
                                   "with a mask yet" in messages[0], messages
     assert np.isfinite(history["loss"][0]) and not strategy.plan_in_force

@@ -335,28 +335,39 @@ def test_a_split_normalization_layer_sends_its_statistics_as_simulated(normalize
                         (DEVICES[1], DEVICES[0]): (2 + 4 + 2, 2 * 65536 + 6 * statistics)}
 
 
-def test_a_split_normalization_layer_trains_like_plain_keras():
-    # Every layer and the loss split in halves from the second epoch on (the first profiles the
-    # step): losses, weights (the moving statistics too), evaluate and predict equal plain Keras'.
-    def trained(strategy, split_after_the_first_epoch=False):
-        keras.utils.set_random_seed(0)
-        with strategy.scope():
-            model = normalized_cnn_model()
-        losses = model.fit(images(), epochs=1, verbose=0).history["loss"]
-        if split_after_the_first_epoch:
-            strategy.use_plan(split("conv", "norm", "relu", "pool", "logits", LOSS_GROUP)(strategy.profile, None))
-        losses += model.fit(images(), epochs=2, verbose=0).history["loss"]
-        return losses, model.get_weights(), model.evaluate(images(), verbose=0), model.predict(images(), verbose=0)
+def trained_split_from_the_second_epoch(strategy, build, data, layers=()):
+    """``build()`` trained under ``strategy`` an epoch of ``data()`` (which profiles the step), then two
+    more with ``layers`` split in halves: its losses, weights, ``evaluate`` and ``predict``."""
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = build()
+    losses = model.fit(data(), epochs=1, verbose=0).history["loss"]
+    if layers:
+        strategy.use_plan(split(*layers)(strategy.profile, None))
+    losses += model.fit(data(), epochs=2, verbose=0).history["loss"]
+    return losses, model.get_weights(), model.evaluate(data(), verbose=0), model.predict(data(), verbose=0)
 
-    plain = trained(tf.distribute.get_strategy())
+
+def assert_the_same_outputs(planned, plain, atol):
+    """Losses and ``evaluate`` within 1e-5 relative; weights and ``predict`` also within ``atol``."""
+    losses, weights, evaluated, predicted = planned
+    np.testing.assert_allclose(losses, plain[0], rtol=1e-5)
+    for got, expected in zip(weights, plain[1]):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=atol)
+    np.testing.assert_allclose(evaluated, plain[2], rtol=1e-5)
+    np.testing.assert_allclose(predicted, plain[3], rtol=1e-5, atol=atol)
+
+
+def test_a_split_normalization_layer_trains_like_plain_keras():
+    # Every layer and the loss split: losses, weights (the moving statistics too), evaluate and
+    # predict equal plain Keras'.
+    plain = trained_split_from_the_second_epoch(tf.distribute.get_strategy(), normalized_cnn_model, images)
     strategy = kerasflow.FastTStrategy(devices=DEVICES, verbose=0)
-    planned = trained(strategy, split_after_the_first_epoch=True)
+    planned = trained_split_from_the_second_epoch(strategy, normalized_cnn_model, images,
+                                                  ("conv", "norm", "relu", "pool", "logits", LOSS_GROUP))
     assert strategy.plan_in_force and "norm" in strategy.plan.splits and strategy.placement_report() == []
-    np.testing.assert_allclose(planned[0], plain[0], rtol=1e-5)
-    for got, expected in zip(planned[1], plain[1]):
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(planned[2], plain[2], rtol=1e-5)
-    np.testing.assert_allclose(planned[3], plain[3], rtol=1e-5, atol=1e-6)
+    # The shards' statistics are summed in another order than one device's: weights within 1e-6.
+    assert_the_same_outputs(planned, plain, atol=1e-6)
 
 
 def residual_model():
@@ -410,22 +421,11 @@ def test_a_split_residual_block_sums_its_gradients_as_simulated(residual, kind):
 
 
 def test_a_split_residual_block_trains_like_plain_keras():
-    # The stem, the branch, the sum, the head and the loss split in halves from the second epoch
-    # on (the first profiles the step): losses and weights equal plain Keras'.
-    def trained(strategy, split_after_the_first_epoch=False):
-        keras.utils.set_random_seed(0)
-        with strategy.scope():
-            model = residual_model()
-        losses = model.fit(dataset(), epochs=1, verbose=0).history["loss"]
-        if split_after_the_first_epoch:
-            strategy.use_plan(split("stem", "branch", "residual", "head", LOSS_GROUP)(strategy.profile, None))
-        losses += model.fit(dataset(), epochs=2, verbose=0).history["loss"]
-        return losses, model.get_weights()
-
-    plain_losses, plain_weights = trained(tf.distribute.get_strategy())
+    # The stem, the branch, the sum, the head and the loss split: losses, weights, evaluate and
+    # predict equal plain Keras'.
+    plain = trained_split_from_the_second_epoch(tf.distribute.get_strategy(), residual_model, dataset)
     strategy = kerasflow.FastTStrategy(devices=DEVICES, verbose=0)
-    losses, weights = trained(strategy, split_after_the_first_epoch=True)
+    planned = trained_split_from_the_second_epoch(strategy, residual_model, dataset,
+                                                  ("stem", "branch", "residual", "head", LOSS_GROUP))
     assert strategy.plan_in_force and LOSS_GROUP in strategy.plan.splits and strategy.placement_report() == []
-    np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
-    for got, expected in zip(weights, plain_weights):
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+    assert_the_same_outputs(planned, plain, atol=1e-7)
