@@ -370,6 +370,25 @@ def test_a_split_normalization_layer_trains_like_plain_keras():
     assert_the_same_outputs(planned, plain, atol=1e-6)
 
 
+def test_a_mixed_precision_split_places_every_op():
+    # Keras' loss-scale optimizer reads each gradient in an If whose device TensorFlow names in
+    # full (/job:localhost/replica:0/task:0/device:CPU:0) and in an IsFinite (/CPU:0): a split
+    # layer's sum of its weight gradients goes where both run. Before, it was left to TensorFlow.
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        strategy = kerasflow.FastTStrategy(devices=DEVICES, verbose=0)
+        with strategy.scope():
+            model = normalized_cnn_model()
+        model.fit(images(), epochs=1, verbose=0)
+        strategy.use_plan(split("conv", "norm", "relu", "pool", "logits", LOSS_GROUP)(strategy.profile, None))
+        model.fit(images(), epochs=1, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    report = strategy.placement_report()
+    assert strategy.plan_in_force and list(report) == [] and report.not_applied == [], report.summary()
+
+
 def residual_model():
     """A residual block as the Keras functional-API guide writes one: the stem's output feeds the
     branch and the sum, so the tape sums its two gradients."""
