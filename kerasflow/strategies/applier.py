@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
+from kerasflow.devices import normalize_device
 from kerasflow.planner.costmodel import METADATA_OP_TYPES
 from kerasflow.planner.graph import OpGraph
 from kerasflow.planner.graphtables import (WEIGHT_READING_LOOPS, batch_ops, gradient_sum_readers, split_groups,
@@ -301,7 +302,7 @@ class PlanApplier:
             for consumer in sorted(live, key=lambda c: c.name):
                 for index, tensor in enumerate(consumer.inputs):
                     if tensor.op is op:
-                        users.setdefault(_one_name(consumer.device), []).append((consumer, index))
+                        users.setdefault(normalize_device(consumer.device), []).append((consumer, index))
             read_anywhere = op.type == "Const" or _scalar(op)
             if not users or "" in users or (len(users) > 1 and not _copyable_join(op) and not read_anywhere):
                 continue
@@ -366,20 +367,6 @@ class PlanApplier:
 
 def _first_three(names: list[str]) -> str:
     return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-
-
-def _one_name(device: str) -> str:
-    """``device`` named one way: TensorFlow names some ops' devices in full, with the local
-    job's ``/job:localhost/replica:0/task:0`` (a loss-scale optimizer's ``If``), others not.
-
-    Example:
-        >>> _one_name("/job:localhost/replica:0/task:0/device:CPU:0") == _one_name("/CPU:0"), _one_name("")
-        (True, '')
-    """
-    spec = tf.DeviceSpec.from_string(device)
-    if spec.job in (None, "localhost") and spec.replica in (None, 0) and spec.task in (None, 0):
-        spec = spec.replace(job=None, replica=None, task=None)
-    return spec.to_string()
 
 
 def _scalar(op: tf.Operation) -> bool:
