@@ -12,6 +12,7 @@ inputs give the same figures.
 from __future__ import annotations
 
 import heapq
+import math
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -199,11 +200,18 @@ def simulate(graph: OpGraph, cluster: Cluster, plan: Plan, *, batch: float | Non
     return simulate_tasks(graph, cluster, build_task_graph(graph, cluster, plan, batch), memory=memory)
 
 
-def simulate_tasks(graph: OpGraph, cluster: Cluster, tasks: TaskGraph, *, memory: bool = True) -> SimulationResult:
+def simulate_tasks(graph: OpGraph, cluster: Cluster, tasks: TaskGraph, *, memory: bool = True,
+                   deadline: float = math.inf) -> SimulationResult | None:
     """Simulates a step already expanded by ``build_task_graph`` (which ``simulate`` does first).
 
     A task graph is never changed by a run, so one built once can be run again, e.g. with
     orders attached (``planchecks.attach_orders``) after a run without them.
+
+    ``deadline`` (seconds, the profile's step overhead included) stops the run as soon as its
+    clock passes it, and returns None: the step cannot end by then, in this run nor in a replay
+    of its start order (``start_order_replays``). Candidates that must beat the fastest plan
+    found so far use it to stop early. A run in which an op started while a copy waited goes on
+    to the end (a replay of its start order may run otherwise), as do devices that share compute.
 
     Example:
         >>> from kerasflow.planner import Cluster, Plan, synthetic
@@ -211,12 +219,17 @@ def simulate_tasks(graph: OpGraph, cluster: Cluster, tasks: TaskGraph, *, memory
         >>> graph, cluster = synthetic.chain_mlp(layers=3), Cluster.preset("2xK80-pcie")
         >>> plan = Plan(placement={o.name: "/GPU:0" for o in graph.ops})
         >>> tasks = build_task_graph(graph, cluster, plan)
-        >>> simulate_tasks(graph, cluster, tasks).makespan == simulate(graph, cluster, plan).makespan
+        >>> result = simulate_tasks(graph, cluster, tasks)
+        >>> result.makespan == simulate(graph, cluster, plan).makespan
+        True
+        >>> simulate_tasks(graph, cluster, tasks, deadline=result.makespan / 2) is None
         True
     """
+    overhead = step_overhead(graph)
     with collector_paused():
-        result = run_task_graph(tasks, cluster, memory=memory)
-    result.makespan += step_overhead(graph)
+        result = run_task_graph(tasks, cluster, memory=memory, deadline=deadline - overhead)
+    if result is not None:
+        result.makespan += overhead
     return result
 
 
@@ -231,9 +244,11 @@ def step_overhead(graph: OpGraph) -> float:
                               fix="give the seconds per step outside the step's ops, or remove it"))
 
 
-def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> SimulationResult:
+def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True,
+                   deadline: float = math.inf) -> SimulationResult | None:
     """Runs an expanded ``TaskGraph`` (see ``simulate``); devices that share compute are run by
-    ``sharedloop.run_shared``."""
+    ``sharedloop.run_shared``. None once the clock passes ``deadline`` while the start order still
+    replays this run (never on shared compute): events come in time order, so the step ends after it."""
     if cluster.shared:
         start, end, transfers, dispatched = run_shared(tg, cluster)
         return _finished(tg, start, end, transfers, dispatched, memory, replays=False)
@@ -316,6 +331,8 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True) -> S
 
     while events:
         now, _, t = pop(events)
+        if now > deadline and not op_passed_a_copy:
+            return None
         if t < 0:  # the inputs of task ~t have arrived
             make_ready(~t, now)
         else:

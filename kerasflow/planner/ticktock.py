@@ -15,6 +15,7 @@ whose statistics then come from each micro-batch; ``batch_coupled_ops`` finds th
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from . import baselines
 from .cluster import Cluster
@@ -71,7 +72,8 @@ def with_waves(plan: Plan, graph: OpGraph, cluster: Cluster, *, count: int = 2, 
         batch: the batch (default: the plan's, then the graph's).
         algorithm: the name to record (default: the plan's, suffixed ``+waves``).
         unless_slower_than: seconds: return None, unsimulated, when the plan's busiest device
-            alone works longer, or its longest chain of ops does (``slower_than``).
+            alone works longer, or its longest chain of ops does (``slower_than``); or once its
+            simulation's clock passes them (``simulate_tasks``' deadline: stopped there).
 
     Example:
         >>> from kerasflow.planner import Cluster, synthetic
@@ -87,15 +89,16 @@ def with_waves(plan: Plan, graph: OpGraph, cluster: Cluster, *, count: int = 2, 
                                 algorithm=algorithm or f"{plan.algorithm}+waves", candidates={})
     if unless_slower_than is not None and slower_than(graph, cluster, waved, batch, unless_slower_than):
         return None
+    deadline = math.inf if unless_slower_than is None else unless_slower_than
     tasks = build_task_graph(graph, cluster, waved, batch)
-    result = simulate_tasks(graph, cluster, tasks)
-    if waved.data_parallel is None:
+    result = simulate_tasks(graph, cluster, tasks, deadline=deadline)
+    if result is not None and waved.data_parallel is None:
         # The order each device ran in by priority; run again in it where that could change the timeline.
         waved = dataclasses.replace(waved, order=result.start_order())
         if not result.start_order_replays:
             attach_orders(tasks, cluster, waved, causal=True)
-            result = simulate_tasks(graph, cluster, tasks)
-    return baselines.with_result(waved, graph, cluster, batch, result)
+            result = simulate_tasks(graph, cluster, tasks, deadline=deadline)
+    return None if result is None else baselines.with_result(waved, graph, cluster, batch, result)
 
 
 def slower_than(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float, seconds: float) -> bool:

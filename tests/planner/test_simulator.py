@@ -564,3 +564,29 @@ def test_wave_plans_that_claim_a_replay_replay_exactly(preset):
                 assert (again.task_start, again.task_end, again.peak_memory) == (
                     first.task_start, first.task_end, first.peak_memory)
     assert claims[True] > 0  # the claim is exercised
+
+
+def test_a_run_stops_once_its_clock_passes_its_deadline():
+    # fork_join's run on two devices (test_two_branches_on_two_devices_include_transfers) ends at
+    # 9 s; with a 0.5 s step overhead, at 9.5 s, and the deadline counts the overhead.
+    from kerasflow.planner.simulator import STEP_OVERHEAD_FIELD, simulate_tasks
+
+    c = cluster(2, latency=0.5, bandwidth=100.0)
+    plan = Plan(placement={"a": "/D:0", "b": "/D:0", "c": "/D:1", "d": "/D:0"})
+    tasks = build_task_graph(fork_join(), c, plan)
+    assert run_task_graph(tasks, c, deadline=9.0).makespan == 9.0
+    assert run_task_graph(tasks, c, deadline=8.99) is None
+    graph = fork_join()
+    graph = OpGraph(graph.ops, graph.edges, metadata={STEP_OVERHEAD_FIELD: 0.5})
+    assert simulate_tasks(graph, c, tasks, deadline=9.5).makespan == 9.5
+    assert simulate_tasks(graph, c, tasks, deadline=9.49) is None
+
+
+def test_a_run_in_which_an_op_passed_a_waiting_copy_is_not_stopped():
+    # By priority: a 0-1, then b 1-2 while the copy waits, the copy 2-3. A replay of that start
+    # order runs the copy first (test_an_op_started_while_a_copy_waited_...), so the run goes on.
+    one = cluster(1)
+    tg, _, _ = _one_device_three_tasks(copy_priority=5)
+    assert run_task_graph(tg, one, deadline=2.5).makespan == 3.0
+    tg, _, _ = _one_device_three_tasks(copy_priority=0.5)  # a 0-1, the copy 1-2, b 2-3: stopped
+    assert run_task_graph(tg, one, deadline=2.5) is None

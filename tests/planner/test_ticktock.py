@@ -1,5 +1,6 @@
 """Hand-computed tests of Tick-Tock waves, pipelines, and the largest batch that fits."""
 
+import dataclasses
 
 import pytest
 
@@ -7,8 +8,9 @@ from kerasflow.planner import (
     Cluster, InsufficientMemoryError, InvalidPlanError, OpGraph, Plan, Waves, baselines, plan, simulate, synthetic,
 )
 from kerasflow.planner.maxbatch import STRATEGIES, max_batch
+from kerasflow.planner.planning import candidate_plans
 from kerasflow.planner.ticktock import (
-    batch_coupled_ops, pipeline, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
+    batch_coupled_ops, pipeline, slower_than, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
 )
 from tests.planner.helpers import cluster, op
 
@@ -143,7 +145,8 @@ def test_off_never_adds_waves_and_auto_is_never_worse():
         auto = plan(graph, preset, tick_tock="auto", max_split_evaluations=4)
         assert off.waves is None and not any("wave" in n or "tick" in n for n in off.candidates)
         assert auto.predicted_step_time <= off.predicted_step_time
-        assert any("tick_tock" in n for n in auto.candidates)
+        tried, _ = candidate_plans(graph, preset, tick_tock="auto", max_split_evaluations=4, verbose=0)
+        assert any("tick_tock" in n for n in tried)
 
 
 def test_on_returns_a_plan_with_waves():
@@ -278,8 +281,19 @@ def test_a_wave_plan_whose_longest_chain_alone_is_slower_is_not_simulated():
     graph, three = chain(), cluster(3)
     spread = Plan(placement={"f1": "/D:0", "f2": "/D:1", "b2": "/D:2", "b1": "/D:0", "u": "/D:1"})
     assert with_waves(spread, graph, three, unless_slower_than=4.5) is None
-    made = with_waves(spread, graph, three, unless_slower_than=5.5)
-    assert made is not None and made.predicted_step_time >= 5.0
+    made = with_waves(spread, graph, three, unless_slower_than=7.44)
+    assert made is not None and made.predicted_step_time == pytest.approx(7.44)
+
+
+def test_a_wave_plan_whose_run_passes_the_time_to_beat_is_stopped_there():
+    # The plan above runs by priority: f1@w0 0-1, f2@w0 1.1-2.1, f1@w1 2.1-3.1, b2@w0 2.2-3.2,
+    # f2@w1 3.2-4.2, b1@w0 3.3-4.3, b2@w1 4.3-5.3, b1@w1 5.4-6.4, u 6.44-7.44 (transfers between):
+    # 7.44 s. Both bounds (4 and 5 s) let 5.5 s through; the run passes it and is stopped.
+    graph, three = chain(), cluster(3)
+    spread = Plan(placement={"f1": "/D:0", "f2": "/D:1", "b2": "/D:2", "b1": "/D:0", "u": "/D:1"})
+    waved = dataclasses.replace(spread, waves=Waves(2), batch_size=graph.batch_size)
+    assert not slower_than(graph, three, waved, graph.batch_size, 5.5)
+    assert with_waves(spread, graph, three, unless_slower_than=5.5) is None
 
 
 def test_a_wave_plan_whose_busiest_device_alone_is_slower_is_not_simulated():
