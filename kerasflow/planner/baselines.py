@@ -29,17 +29,24 @@ __all__ = ["DEFAULT_PLACEMENT", "default_placement", "best_other_than_the_defaul
            "LowerBound", "fastest_device", "with_prediction", "with_result"]
 
 
-def with_prediction(plan: Plan, graph: OpGraph, cluster: Cluster, batch: int | None = None) -> Plan:
-    """``plan`` with its predicted step time, peak memory and provenance filled in by the simulator.
+def with_prediction(plan: Plan, graph: OpGraph, cluster: Cluster, batch: int | None = None, *,
+                    unless_slower_than: float | None = None) -> Plan | None:
+    """``plan`` with its predicted step time, peak memory and provenance filled in by the simulator;
+    None once the simulation passes ``unless_slower_than`` seconds (``simulator.simulate_tasks``'
+    deadline: a plan that must beat another is not run to the end).
 
     Example:
         >>> from kerasflow.planner import synthetic
         >>> graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
         >>> with_prediction(single_device(graph, cluster), graph, cluster).predicted_step_time > 0
         True
+        >>> with_prediction(single_device(graph, cluster), graph, cluster, unless_slower_than=1e-9) is None
+        True
     """
     batch = batch or plan.batch_size or graph.batch_size
-    return with_result(plan, graph, cluster, batch, simulate(graph, cluster, plan, batch=batch))
+    deadline = math.inf if unless_slower_than is None else unless_slower_than
+    result = simulate(graph, cluster, plan, batch=batch, deadline=deadline)
+    return None if result is None else with_result(plan, graph, cluster, batch, result)
 
 
 def with_result(plan: Plan, graph: OpGraph, cluster: Cluster, batch: int, result: SimulationResult) -> Plan:

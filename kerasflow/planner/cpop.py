@@ -24,7 +24,8 @@ __all__ = ["cpop"]
 
 def cpop(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = None,
          splits: Mapping[str, Sequence[Shard]] | None = None, memory_limit: float | None = None,
-         memory_headroom: float = DEFAULT_MEMORY_HEADROOM, affinity: str = "op") -> Plan:
+         memory_headroom: float = DEFAULT_MEMORY_HEADROOM, affinity: str = "op",
+         unless_slower_than: float | None = None) -> Plan | None:
     """Plans ``graph`` on ``cluster`` with CPOP (insertion-based, memory-limited).
 
     Arguments, result and errors as for ``heft``; the algorithm is ``"cpop"``.
@@ -49,4 +50,5 @@ def cpop(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = None,
     schedule = list_schedule(tg, graph, cluster, priority, costs=costs, fixed=fixed, preferred=preferred,
                              budgets=memory_budgets(cluster, memory_limit, memory_headroom), affinity=affinity)
     return plan_from_schedule(tg, graph, cluster, schedule, splits=splits, batch=batch,
-                              algorithm="cpop" if affinity == "op" else "cpop-layers")
+                              algorithm="cpop" if affinity == "op" else "cpop-layers",
+                              unless_slower_than=unless_slower_than)

@@ -21,7 +21,8 @@ __all__ = ["heft"]
 
 def heft(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = None,
          splits: Mapping[str, Sequence[Shard]] | None = None, memory_limit: float | None = None,
-         memory_headroom: float = DEFAULT_MEMORY_HEADROOM, affinity: str = "op") -> Plan:
+         memory_headroom: float = DEFAULT_MEMORY_HEADROOM, affinity: str = "op",
+         unless_slower_than: float | None = None) -> Plan | None:
     """Plans ``graph`` on ``cluster`` with HEFT (insertion-based, memory-limited).
 
     Args:
@@ -33,10 +34,12 @@ def heft(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = None,
         memory_headroom: the fraction of memory left free.
         affinity: ``"op"`` or ``"layer"`` (keep each layer's ops on one device); see
             ``list_schedule``.
+        unless_slower_than: seconds: return None once the plan's simulation passes them (a
+            plan that must beat another is not simulated to the end).
 
     Returns:
         A simulated ``Plan`` (placement, order, predicted figures), algorithm ``"heft"``
-        (``"heft-layers"`` with layer affinity).
+        (``"heft-layers"`` with layer affinity); None past ``unless_slower_than``.
 
     Raises:
         InsufficientMemoryError: some op fits no device.
@@ -54,4 +57,5 @@ def heft(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = None,
     schedule = list_schedule(tg, graph, cluster, upward, costs=costs, fixed=fixed,
                              budgets=memory_budgets(cluster, memory_limit, memory_headroom), affinity=affinity)
     return plan_from_schedule(tg, graph, cluster, schedule, splits=splits, batch=batch,
-                              algorithm="heft" if affinity == "op" else "heft-layers")
+                              algorithm="heft" if affinity == "op" else "heft-layers",
+                              unless_slower_than=unless_slower_than)

@@ -503,8 +503,9 @@ def scheduling_tasks(graph: OpGraph, cluster: Cluster, splits, batch: float) -> 
 
 
 def plan_from_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, schedule: Schedule, *,
-                       splits, batch: int, algorithm: str):
-    """The plan a schedule describes (placement, per-device start order), simulated.
+                       splits, batch: int, algorithm: str, unless_slower_than: float | None = None):
+    """The plan a schedule describes (placement, per-device start order), simulated (None once
+    the simulation passes ``unless_slower_than`` seconds, as ``baselines.with_prediction``).
 
     The order is the schedule's start order on each device; auxiliary copies are left to
     the simulator (they run as soon as they are ready).
@@ -523,7 +524,7 @@ def plan_from_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, schedule
     plan = Plan(placement={op.name: placement[op.name] for op in graph.ops}, order=order,
                 splits=splits or {}, batch_size=batch, algorithm=algorithm)
     try:
-        return with_prediction(plan, graph, cluster, batch)
+        return with_prediction(plan, graph, cluster, batch, unless_slower_than=unless_slower_than)
     except InvalidPlanError:
         # The schedule's order met a derived copy in an order the simulator cannot keep:
         # use the order the simulator itself finds for this placement.
@@ -532,4 +533,5 @@ def plan_from_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, schedule
         unordered = Plan(placement=plan.placement, splits=plan.splits, batch_size=batch, algorithm=algorithm)
         order = simulate(graph, cluster, unordered, batch=batch, memory=False).start_order()
         return with_prediction(Plan(placement=plan.placement, order=order, splits=plan.splits,
-                                    batch_size=batch, algorithm=algorithm), graph, cluster, batch)
+                                    batch_size=batch, algorithm=algorithm), graph, cluster, batch,
+                               unless_slower_than=unless_slower_than)

@@ -37,9 +37,7 @@ from .heft import heft
 from .listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
 from .onecopy import one_copy_data_parallel
 from .plan import Plan
-from .simulator import simulate_tasks
 from .splitting import hybrid_splits, split_search
-from .taskgraph import build_task_graph
 from .ticktock import (
     batch_coupled_ops, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
 )
@@ -236,7 +234,8 @@ def _waves_wanted(graph: OpGraph, tick_tock: str) -> bool:
 
 
 def _makers(graph: OpGraph, cluster: Cluster, batch: int, options: dict) -> dict[str, Callable[..., Plan]]:
-    """Per candidate name, the function that builds it (list schedules take ``splits``)."""
+    """Per candidate name, the function that builds it (list schedules take ``splits`` and
+    ``unless_slower_than``)."""
     return {
         baselines.DEFAULT_PLACEMENT: lambda **_: baselines.default_placement(graph, cluster, batch=batch),
         "single_device": lambda **_: baselines.single_device(graph, cluster, batch=batch),
@@ -249,10 +248,10 @@ def _makers(graph: OpGraph, cluster: Cluster, batch: int, options: dict) -> dict
         "data_parallel_one_host": lambda **_: baselines.data_parallel(
             graph, cluster, devices=strongest_host(cluster), batch=batch),
         "layerwise_model_parallel": lambda **_: baselines.layerwise_model_parallel(graph, cluster, batch=batch),
-        "heft": lambda splits=None: heft(graph, cluster, splits=splits, **options),
-        "heft-layers": lambda splits=None: heft(graph, cluster, splits=splits, affinity="layer", **options),
-        "cpop": lambda splits=None: cpop(graph, cluster, splits=splits, **options),
-        "cpop-layers": lambda splits=None: cpop(graph, cluster, splits=splits, affinity="layer", **options),
+        "heft": lambda **more: heft(graph, cluster, **more, **options),
+        "heft-layers": lambda **more: heft(graph, cluster, affinity="layer", **more, **options),
+        "cpop": lambda **more: cpop(graph, cluster, **more, **options),
+        "cpop-layers": lambda **more: cpop(graph, cluster, affinity="layer", **more, **options),
     }
 
 
@@ -263,9 +262,9 @@ def _add_split_candidate(graph: OpGraph, cluster: Cluster, base_name: str, make:
     """FastT's critical-path splitting from the best list schedule, or from its data-parallel-like
     hybrid where that starts faster beyond the tie margin (``split_start``), kept as
     ``<base>+split`` when it splits anything."""
-    def schedule(splits):
-        candidate = make(splits=splits)
-        if not fits(candidate):
+    def schedule(splits, unless_slower_than=None):
+        candidate = make(splits=splits, unless_slower_than=unless_slower_than)
+        if candidate is not None and not fits(candidate):
             raise InsufficientMemoryError("split plan exceeds a device's memory budget")
         return candidate
 
@@ -316,14 +315,12 @@ def order_if_faster(candidate: Plan, graph: OpGraph, cluster: Cluster,
     """
     if not candidate.order:
         return candidate
-    unordered = dataclasses.replace(candidate, order={})
-    batch = candidate.batch_size or graph.batch_size
     # Only a faster run counts: one that passes the candidate's step is stopped there.
-    result = simulate_tasks(graph, cluster, build_task_graph(graph, cluster, unordered, batch),
-                            deadline=candidate.predicted_step_time * (1 - 1e-9))
-    if result is None or not result.makespan < candidate.predicted_step_time * (1 - 1e-9):
+    to_beat = candidate.predicted_step_time * (1 - 1e-9)
+    unordered = baselines.with_prediction(dataclasses.replace(candidate, order={}), graph, cluster,
+                                          candidate.batch_size, unless_slower_than=to_beat)
+    if unordered is None or not unordered.predicted_step_time < to_beat:
         return candidate
-    unordered = baselines.with_result(unordered, graph, cluster, batch, result)
     return unordered if fits(unordered) or not fits(candidate) else candidate
 
 

@@ -171,7 +171,7 @@ class SimulationResult:
 
 
 def simulate(graph: OpGraph, cluster: Cluster, plan: Plan, *, batch: float | None = None,
-             memory: bool = True) -> SimulationResult:
+             memory: bool = True, deadline: float = math.inf) -> SimulationResult | None:
     """Simulates one training step of ``plan``.
 
     Args:
@@ -180,9 +180,10 @@ def simulate(graph: OpGraph, cluster: Cluster, plan: Plan, *, batch: float | Non
         plan: placement, orders, splits, waves or data parallelism.
         batch: the batch to price (default: the plan's, then the graph's).
         memory: compute the memory figures (skip for speed when only time matters).
+        deadline: seconds; stop there and return None (see ``simulate_tasks``).
 
     Returns:
-        A ``SimulationResult``.
+        A ``SimulationResult`` (None only past a ``deadline``).
 
     Raises:
         InvalidPlanError: the plan does not fit the graph or cluster.
@@ -197,7 +198,8 @@ def simulate(graph: OpGraph, cluster: Cluster, plan: Plan, *, batch: float | Non
     """
     if batch is not None:
         check_number(batch, "batch", SimulationError, kind="positive", fix="pass the batch to price")
-    return simulate_tasks(graph, cluster, build_task_graph(graph, cluster, plan, batch), memory=memory)
+    return simulate_tasks(graph, cluster, build_task_graph(graph, cluster, plan, batch), memory=memory,
+                          deadline=deadline)
 
 
 def simulate_tasks(graph: OpGraph, cluster: Cluster, tasks: TaskGraph, *, memory: bool = True,

@@ -30,7 +30,8 @@ from .taskgraph import TaskGraph, build_task_graph
 __all__ = ["splittable_layers", "layer_weight_bytes", "split_pays", "critical_tasks", "split_search",
            "balanced_shards"]
 
-Scheduler = Callable[[Mapping[str, Sequence[Shard]]], Plan]
+# Makes the simulated plan of a set of splits; None once its simulation passes the seconds given.
+Scheduler = Callable[[Mapping[str, Sequence[Shard]], float | None], Plan | None]
 
 
 def splittable_layers(graph: OpGraph) -> set[str]:
@@ -187,7 +188,8 @@ def split_search(graph: OpGraph, cluster: Cluster, base: Plan, schedule: Schedul
         graph: the step.
         cluster: the devices.
         base: the best plan without (further) splits, simulated.
-        schedule: makes a simulated plan for a given set of splits (HEFT or CPOP).
+        schedule: makes a simulated plan for a given set of splits (HEFT or CPOP), or None once
+            its simulation passes the seconds given (the round's best: it could not be kept).
         max_evaluations: the most plans to schedule and simulate.
         layers_per_round: how many critical-path layers to try per round.
         progress: called with the number of evaluations after each one.
@@ -241,14 +243,15 @@ def split_search(graph: OpGraph, cluster: Cluster, base: Plan, schedule: Schedul
                 splits = dict(best.splits)
                 splits.update({layer: shards(layer, k) for layer in layers})
                 evaluations += 1
+                to_beat = round_best.predicted_step_time * (1 - 1e-9)
                 try:
-                    plan = schedule(splits)
+                    plan = schedule(splits, to_beat)
                 except InsufficientMemoryError:
                     continue
                 finally:
                     if progress is not None:
                         progress(evaluations)
-                if plan.predicted_step_time < round_best.predicted_step_time * (1 - 1e-9):
+                if plan is not None and plan.predicted_step_time < to_beat:
                     round_best = plan
         if round_best is best:
             break

@@ -21,6 +21,11 @@ from kerasflow.planner.simulator import run_task_graph
 from tests.planner.helpers import cluster, op
 
 
+def heft_scheduler(graph, c):
+    """The split search's scheduler: HEFT with the splits, stopped once it passes the time to beat."""
+    return lambda splits, to_beat: heft(graph, c, splits=splits, unless_slower_than=to_beat)
+
+
 def big_layer_graph():
     # x feeds 4 B per sample to layer L (1 s per sample, batch 8); y consumes L's output.
     return OpGraph([op("x", 0.0, [(0, 4)], phase="other"),
@@ -41,7 +46,7 @@ def test_splitting_the_dominant_layer_picks_the_fast_pair():
     graph, c = big_layer_graph(), two_fast_two_slow()
     base = heft(graph, c)
     assert base.predicted_step_time == 8.0
-    best, evaluations = split_search(graph, c, base, lambda splits: heft(graph, c, splits=splits))
+    best, evaluations = split_search(graph, c, base, heft_scheduler(graph, c))
     # k = 2 over the fast pair halves the layer: 4 s plus 16 B slices at 1 GB/s. k = 3 or 4
     # would ship slices over 0.1 B/s links (over 100 s).
     assert [s.device for s in best.splits["L"]] == ["/D:0", "/D:1"]
@@ -53,7 +58,7 @@ def test_more_shards_pay_on_a_fast_uniform_cluster():
     graph = big_layer_graph()
     c = Cluster([Device(f"/D:{i}", "X", 10**9, memory_bandwidth=1e30, launch_overhead=0.0) for i in range(4)],
                 Link(0.0, 1e9))
-    best, _ = split_search(graph, c, heft(graph, c), lambda splits: heft(graph, c, splits=splits))
+    best, _ = split_search(graph, c, heft(graph, c), heft_scheduler(graph, c))
     assert len(best.splits["L"]) == 4  # 8 s / 4 = 2 s: every extra shard pays here
     assert best.predicted_step_time == pytest.approx(2.0, abs=1e-6)
     chosen = plan(graph, c)
@@ -79,7 +84,7 @@ def test_the_compiled_loss_is_split_as_one_layer():
     assert splittable_layers(graph) == {LOSS_GROUP}
     base = heft(graph, c)
     assert base.predicted_step_time == 12.0  # 8 s forward, 4 s backward, on one device
-    best, _ = split_search(graph, c, base, lambda splits: heft(graph, c, splits=splits))
+    best, _ = split_search(graph, c, base, heft_scheduler(graph, c))
     # Four shards of 2 samples: 2 s forward and 1 s backward each, side by side; the 8 B slices
     # cross 1 GB/s links in 8 ns.
     assert list(best.splits) == [LOSS_GROUP] and len(best.splits[LOSS_GROUP]) == 4
@@ -224,7 +229,7 @@ def test_the_only_paying_split_is_tried_even_far_down_the_path():
     graph, c = three_layer_chain(), cluster(2)  # two devices, 100 B/s, free local copies
     base = heft(graph, c)
     assert base.predicted_step_time == 48.0  # everything on /D:0: 24 + 16 + 8
-    best, evaluations = split_search(graph, c, base, lambda splits: heft(graph, c, splits=splits))
+    best, evaluations = split_search(graph, c, base, heft_scheduler(graph, c))
     # Splitting A or B ships 10,000 B of weights at 100 B/s (100 s): never pays. Splitting C
     # (ranked 3rd by path time, the only paying layer) in halves: shard 0 runs on /D:0 40-44 s;
     # shard 1 gets its 16 B of input (0.16 s) and runs on /D:1 40.16-44.16 s; y joins the
@@ -356,7 +361,7 @@ def test_the_paying_layers_are_split_together_and_the_dense_layer_is_left_whole(
     assert base.predicted_step_time == pytest.approx(26.0)  # 3 x 8 s + 2 s on one device
     # Two evaluations: every path layer split in two (F's 1000 B of weights cross the link:
     # slower), then the paying subset C0-C2.
-    best, evaluations = split_search(graph, c, base, lambda splits: heft(graph, c, splits=splits),
+    best, evaluations = split_search(graph, c, base, heft_scheduler(graph, c),
                                      max_evaluations=2)
     assert evaluations == 2
     assert set(best.splits) == {"C0", "C1", "C2"}
@@ -366,3 +371,29 @@ def test_the_paying_layers_are_split_together_and_the_dense_layer_is_left_whole(
     # C2's output arrives at 12.04 s), then F's 2 s: 14.08 s.
     assert best.splits["C0"][1].device == best.placement["F/compute"] == "/D:1"
     assert best.predicted_step_time == pytest.approx(14.08, abs=1e-6)
+
+
+def test_stopping_plans_that_pass_the_rounds_best_changes_no_step_of_the_search():
+    # Every evaluation run to the end, or stopped once it passes the round's best: the same
+    # splits, the same evaluations, the same plan; and some evaluations were stopped.
+    stopped = []
+
+    def stopping(splits, to_beat):
+        made = heft(graph, c, splits=splits, unless_slower_than=to_beat)
+        stopped.append(made is None)
+        return made
+
+    for graph, preset in ((synthetic.inception_like(blocks=2), "4xV100-nvlink"),
+                          (synthetic.random_layered(300, width=6, seed=1, kinds=["V100"]), "4xV100-pcie")):
+        c = Cluster.preset(preset)
+        base = heft(graph, c)
+        to_the_end = split_search(graph, c, base, lambda splits, _: heft(graph, c, splits=splits), max_evaluations=12)
+        assert split_search(graph, c, base, stopping, max_evaluations=12) == to_the_end
+    assert any(stopped) and not all(stopped)
+
+
+def test_heft_unless_slower_than_its_own_step_is_that_plan():
+    graph, c = synthetic.inception_like(blocks=1), Cluster.preset("4xV100-nvlink")
+    made = heft(graph, c)
+    assert heft(graph, c, unless_slower_than=made.predicted_step_time) == made
+    assert heft(graph, c, unless_slower_than=made.predicted_step_time * 0.999) is None
