@@ -59,3 +59,19 @@ def test_the_report_counts_one_copy_data_parallel_among_the_plans_with_waves():
              "heft+waves": Plan(waves=Waves(2), predicted_step_time=0.5)}
     # For a model with BatchNormalization plan() tries no waves: FastT, plan() and 1 replica are chosen from these.
     assert report.without_waves(plans) == {"data_parallel": 2.0}
+
+
+def test_the_vocabulary_bound_shrinks_the_weights_of_the_vocabulary_layers_only():
+    import vocabulary_bound
+
+    graph = zoo.graph("rnnlm")
+    cheaper = vocabulary_bound.sharded_weights(graph, ("softmax",), 4)
+    shrunk = 0
+    for before, after in zip(graph.ops, cheaper.ops):
+        for old, new in zip(before.output_bytes, after.output_bytes, strict=True):
+            if before.layer == "softmax" and not old.scales_with_batch and old.fixed > 0:
+                assert new.fixed == old.fixed / 4
+                shrunk += 1
+            else:
+                assert new == old
+    assert shrunk > 0 and cheaper.edges == graph.edges and cheaper.metadata == graph.metadata

@@ -12,8 +12,8 @@ inputs give the same figures.
 from __future__ import annotations
 
 import heapq
-import math
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
