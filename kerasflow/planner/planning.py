@@ -233,7 +233,7 @@ def _waves_wanted(graph: OpGraph, tick_tock: str) -> bool:
     return tick_tock == "on" or (tick_tock == "auto" and not coupled)
 
 
-def _makers(graph: OpGraph, cluster: Cluster, batch: int, options: dict) -> dict[str, Callable[..., Plan]]:
+def _makers(graph: OpGraph, cluster: Cluster, batch: int, options: dict) -> dict[str, Callable[..., Plan | None]]:
     """Per candidate name, the function that builds it (list schedules take ``splits`` and
     ``unless_slower_than``)."""
     return {
