@@ -16,7 +16,7 @@ from .graph import OpGraph
 __all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "BatchStatistics", "batch_ops",
            "batch_statistics", "shardable_ops", "folded_ops", "variable_groups", "weight_bound_layers",
            "colocation_groups", "static_tables", "durations", "LOSS_GROUP", "split_groups", "is_loss_op", "group_ops",
-           "gradient_sums", "gradient_sum_readers", "layer_readers"]
+           "gradient_sums", "gradient_sum_readers", "layer_readers", "FUSED_GROUP", "fused_ops"]
 
 BATCH_PHASES = ("forward", "backward")
 
@@ -31,6 +31,11 @@ WEIGHT_READING_LOOPS = frozenset({"While", "StatelessWhile"})
 # under Keras 3's ``compile_loss`` name scope, and are split along the batch as one layer. No
 # Keras layer can be named so (a TensorFlow name scope cannot start with "<").
 LOSS_GROUP = "<loss>"
+# The colocation groups of chains TensorFlow runs as one kernel (a convolution with its bias and
+# activation, a filter's gradient with its bias' gradient, a tree of additions: the profile's
+# ``capture._fusion_groups``), each named ``FUSED_GROUP/<its first op>``; no plan puts their ops
+# apart, and the applier orders no other op between them.
+FUSED_GROUP = "kerasflow:fused"
 _LOSS_SCOPE = "compile_loss/"
 _GRADIENT_PREFIX = "gradient_tape/"
 
@@ -337,6 +342,24 @@ def variable_groups(graph: OpGraph) -> frozenset[str]:
     if cached is None:
         cached = frozenset(op.colocation for op in graph.ops if op.persistent_bytes and op.colocation)
         graph._structure.cache["variable_groups"] = cached
+    return cached
+
+
+def fused_ops(graph: OpGraph) -> frozenset[str]:
+    """The ops of every fused chain (``FUSED_GROUP``): ones a plan's order leaves out.
+
+    Example:
+        >>> from kerasflow.planner import Op, OpGraph
+        >>> fused = FUSED_GROUP + "/mm"
+        >>> graph = OpGraph([Op("mm", "MatMul", colocation=fused), Op("bias", "BiasAdd", colocation=fused),
+        ...                  Op("out", "Identity")], [("mm", "bias", None), ("bias", "out", None)])
+        >>> sorted(fused_ops(graph))
+        ['bias', 'mm']
+    """
+    cached = graph._structure.cache.get("fused")
+    if cached is None:
+        cached = frozenset(op.name for op in graph.ops if (op.colocation or "").startswith(FUSED_GROUP + "/"))
+        graph._structure.cache["fused"] = cached
     return cached
 
 

@@ -29,8 +29,8 @@ import tensorflow as tf
 from kerasflow.devices import normalize_device
 from kerasflow.planner.costmodel import METADATA_OP_TYPES
 from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.graphtables import (WEIGHT_READING_LOOPS, batch_ops, gradient_sum_readers, split_groups,
-                                           weight_bound_layers)
+from kerasflow.planner.graphtables import (WEIGHT_READING_LOOPS, batch_ops, fused_ops, gradient_sum_readers,
+                                           split_groups, weight_bound_layers)
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.tasknames import parse_copy_name
 from kerasflow.planner.toposort import topological_order
@@ -73,6 +73,7 @@ class PlanApplier:
                           } if graph is not None else set()
         self.loops = [(op.name, op.name.split("/")) for op in graph.ops
                       if op.type in WEIGHT_READING_LOOPS] if graph is not None else []
+        self.fused = fused_ops(graph) if graph is not None else frozenset()
         if graph is not None:
             # An op's split group: its layer, the compiled loss' pseudo-layer, a gradient sum's layer.
             for op, layer in zip(graph.ops, split_groups(graph)):
@@ -329,6 +330,10 @@ class PlanApplier:
         folded = _folded_before_running(ops)
         chains = []
         for names in self.plan.order.values():
+            # A fused chain's ops run in data-flow order: a control edge between them, or an op
+            # ordered in between, keeps TensorFlow from fusing them, and the unfused kernels
+            # cost a launch and round otherwise (graphtables.FUSED_GROUP).
+            names = [task for task in names if parse_copy_name(task)[0] not in self.fused]
             sequence = [op for op in (self._ordered_op(task, keyed, folded, report) for task in names) if op]
             chains.extend(zip(sequence, sequence[1:]))
         if not chains:

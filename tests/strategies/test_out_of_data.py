@@ -17,6 +17,7 @@ from keras import layers
 import kerasflow
 from kerasflow.strategies import Collaborators, ScriptedStopwatch
 from kerasflow.strategies.guarded import GuardedTrainFunction
+from tests.rounding import Spread, permuted_rows
 from tests.strategies import paths
 
 EPOCHS = 3
@@ -45,9 +46,10 @@ def unknown_size_data() -> tf.data.Dataset:
     return dataset
 
 
-def trained(door: str | None, algorithm: str | None = None, rate: float = 0.3):
+def trained(door: str | None, algorithm: str | None = None, rate: float = 0.3, rows_permuted: bool = False):
     """(model, losses) after ``EPOCHS`` epochs of the MLP with dropout ``rate``: plain Keras
-    (``door`` None), or through a door with the plan ``algorithm`` kept."""
+    (``door`` None), or through a door with the plan ``algorithm`` kept; ``rows_permuted``: each
+    batch's rows permuted (``tests/rounding.py``)."""
     paths.fresh()
     keras.utils.set_random_seed(paths.SEED)
     options = dict(paths.OPTIONS, collaborators=Collaborators(
@@ -60,7 +62,8 @@ def trained(door: str | None, algorithm: str | None = None, rate: float = 0.3):
         model = dropout_mlp(rate)
         if door == "callback":
             callbacks = [kerasflow.callbacks.FastT(**options)]
-    history = model.fit(unknown_size_data(), epochs=EPOCHS, verbose=0, shuffle=False, callbacks=callbacks)
+    data = permuted_rows(unknown_size_data()) if rows_permuted else unknown_size_data()
+    history = model.fit(data, epochs=EPOCHS, verbose=0, shuffle=False, callbacks=callbacks)
     if door is not None:
         in_force = model.distribute_strategy.plan_in_force if door == "strategy" else callbacks[0].plan_in_force
         assert in_force, "the plan was not kept"
@@ -87,6 +90,14 @@ def test_training_on_data_of_unknown_size_equals_plain_keras(door, algorithm, ra
     assert int(plain_state[iterations]) == EPOCHS * (13 + 1)  # 13 batches, and the call that ran out
     assert int(state[iterations]) == int(plain_state[iterations])
     assert sorted(state) == sorted(plain_state)
+    if algorithm == "data_parallel":  # the replicas sum the gradients in another order than one device
+        permuted_model, permuted_losses = trained(None, rate=rate, rows_permuted=True)
+        spread = Spread.between({**plain_state, "loss": plain_losses},
+                                {**state_of(permuted_model), "loss": permuted_losses})
+        apart = [key for key, value in {**plain_state, "loss": plain_losses}.items()
+                 if not spread.within({**state, "loss": losses}[key], value, key)]
+        assert apart == [], f"{apart} ({spread.describe(apart[0])})"
+        return
     for key, value in plain_state.items():
         np.testing.assert_allclose(state[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
     np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
