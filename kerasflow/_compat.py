@@ -21,7 +21,7 @@ __all__ = [
     "is_batch_normalization", "can_read_weights_per_copy",
     "weights_read_here", "override", "overridden", "is_movable", "backing_variable", "set_backing_variable",
     "forget_traced_functions", "on_fit_end", "loss_trackers_counting", "custom_gradients_forgotten",
-    "registered_custom_gradients", "moving_statistics_kept",
+    "registered_custom_gradients", "moving_statistics_kept", "build_when_traced_under",
 ]
 
 try:  # tf-keras is optional (the `legacy` extra)
@@ -518,3 +518,34 @@ def on_fit_end(model: Any, hook) -> bool:
     finalize_then_hook._kerasflow_hooked = True
     override(optimizer, "finalize_variable_values", finalize_then_hook)
     return True
+
+
+def build_when_traced_under(strategy_type: type) -> None:
+    """Keras 3 models made under a ``strategy_type`` strategy are built as under no strategy:
+    when their train function is first traced, not from a batch pulled at the start of ``fit``.
+
+    Under any ``tf.distribute`` strategy, Keras 3 begins every ``fit`` (and ``evaluate``)
+    by pulling a batch from a fresh iterator of the data to build the model symbolically,
+    then starts the epoch's own iterator (``TensorFlowTrainer._maybe_symbolic_build``).
+    That extra iterator runs the input pipeline once more, prefetch included: an augmentation
+    layer in ``Dataset.map`` drew 12 times in an 8-batch epoch where plain Keras draws 8
+    (``OneDeviceStrategy`` 15), so every later batch was augmented otherwise and a fine-tuning
+    run drifted from plain Keras' from its first step. One replica needs no symbolic build:
+    the model's and optimizer's variables are made at the first trace, as without a strategy.
+    tf-keras has no such build. Idempotent.
+    """
+    from keras.src.backend.tensorflow import trainer as tensorflow_trainer
+
+    owner = tensorflow_trainer.TensorFlowTrainer
+    kept = getattr(owner, "_kerasflow_builds_when_traced", ())
+    if strategy_type in kept or not hasattr(owner, "_maybe_symbolic_build"):
+        return  # done, or a Keras that builds otherwise (FastTStrategy.scope names the fix there)
+    symbolic_build = owner._maybe_symbolic_build
+
+    def maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if isinstance(getattr(self, "_distribute_strategy", None), strategy_type):
+            return None  # as under no strategy: built when the train function is traced
+        return symbolic_build(self, iterator=iterator, data_batch=data_batch)
+
+    owner._maybe_symbolic_build = maybe_symbolic_build
+    owner._kerasflow_builds_when_traced = (*kept, strategy_type)

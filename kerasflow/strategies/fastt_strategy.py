@@ -208,6 +208,9 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
                           "kerasflow.devices.virtual_cpus(4) or use a machine with several GPUs.", stacklevel=2)
         extended = _FastTExtended(self, devices[0])
         tf.distribute.Strategy.__init__(self, extended)
+        # As the default strategy: Keras pulls no extra batch (and no random draw of the input
+        # pipeline) to build a model at the start of each fit.
+        _compat.build_when_traced_under(FastTStrategy)
         # The models trained under this strategy, newest last, each keeping its own driver. Held
         # weakly: TensorFlow's gradient registry keeps every replica context a traced step used,
         # and with it this strategy, for the life of the process, so a model held here (or a
@@ -218,8 +221,10 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
     def scope(self):
         """The strategy's scope (create and compile the model inside it).
 
-        Keras builds a model that was never called before ``fit`` under every
-        ``tf.distribute`` strategy; a subclassed model without ``call()`` (a VAE whose
+        Keras 3 builds a model that was never called before ``fit`` under every
+        ``tf.distribute`` strategy, from a batch; this strategy has it built at the first
+        trace instead, as the default strategy does (``_compat.build_when_traced_under``).
+        Where a Keras builds otherwise, a subclassed model without ``call()`` (a VAE whose
         ``train_step`` uses its sub-models) cannot be built that way, and this says so in
         one line.
         """

@@ -21,11 +21,13 @@ from kerasflow.devices import normalize_device
 __all__ = ["move_variables", "group_devices", "current_homes", "HomeVariables"]
 
 
-def _swap(variable, device: str, creating) -> bool:
+def _swap(variable, device: str, creating, scope) -> bool:
     old = variable.value
     if normalize_device(old.device) == device:
         return False
-    with tf.init_scope(), creating(device), tf.device(device):
+    # Made in the model's strategy scope, as the variable it replaces: an optimizer compiled
+    # later in that scope makes its slots beside it (TensorFlow refuses a variable from elsewhere).
+    with tf.init_scope(), scope(), creating(device), tf.device(device):
         new = tf.Variable(old.read_value(), dtype=old.dtype, trainable=old.trainable,
                           name=old.name.split(":")[0], aggregation=old.aggregation,
                           synchronization=old.synchronization)
@@ -84,7 +86,7 @@ def move_variables(model, homes: dict[str, str], *, creating=None) -> int:
             owner = next((o for o in owners if o in path or o.replace("/", "_") in flat), None)
             device = homes.get(owner) if owner else None
         if device is not None and _compat.is_movable(variable):
-            moved += _swap(variable, device, creating)
+            moved += _swap(variable, device, creating, lambda: _compat.strategy_scope(model))
     _compat.reindex_optimizers(model)
     return moved
 
