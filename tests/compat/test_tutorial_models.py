@@ -10,8 +10,8 @@ kerasflow twice:
   plain Keras' to 1e-5 relative (a model computing in float16 predicts to two float16 steps; when
   a data-parallel plan ran, which sums in another order, everything to ten times plain Keras' own
   spread with each batch's rows permuted: ``tests/rounding.py``); the model must then keep its
-  course through a second ``fit``, and evaluate, predict, save and load (weights, ``.keras``, legacy ``.h5``) as
-  plain Keras allows.
+  course through a second ``fit``, and evaluate, predict, save and load (weights, ``.keras``,
+  legacy ``.h5``) as plain Keras allows.
 - ``forced``: through the ``FastT`` callback (the strategy for the two largest, MobileNetV2 and
   the text transformer, which have no callback route to keep the suite within its time), with
   the trial's verdict forced (``Collaborators``): the first plan measures slower than the
@@ -45,7 +45,7 @@ from kerasflow.planner.costmodel import estimate_costs
 from kerasflow.strategies import Collaborators, ScriptedStopwatch
 from kerasflow.strategies.verdict import TIMED_ROUNDS
 from tests.compat.tutorial_models import PATTERNS, Pattern
-from tests.rounding import RESOLUTION_STEPS, Spread, compute_dtype, resolution, permuted_rows
+from tests.rounding import RESOLUTION_STEPS, Spread, compute_dtype, permuted_rows, resolution
 
 EPOCHS = 1
 # One profiled step keeps the suite short; the default (3) only takes medians of more.
@@ -155,13 +155,14 @@ ROUNDING_FOLLOWER_ATOL = 5e-3
 
 
 def assert_like_plain_keras(history: dict, predictions, expected: tuple, epochs: int | None = None,
-                            predictions_follow_rounding: bool = False, compute_dtype: str = "float32",
+                            predictions_follow_rounding: bool = False, dtype: str = "float32",
                             spread: Spread | None = None) -> None:
     """Every loss and metric of every epoch (validation ones too; of the first ``epochs`` only,
     the rest finite) and the predictions (unless ``epochs`` is given), to 1e-5; predictions
-    computed in half precision (``compute_dtype``) to that type's resolution at their magnitude,
-    predictions that follow rounding to ``ROUNDING_FOLLOWER_ATOL``; everything to ``spread``'s
-    bound when given (a plan that sums in another order ran: ``tests/rounding.py``)."""
+    computed in half precision (``dtype``, the model's narrowest compute type) to that type's
+    resolution at their magnitude, predictions that follow rounding to
+    ``ROUNDING_FOLLOWER_ATOL``; everything to ``spread``'s bound when given (a plan that sums in
+    another order ran: ``tests/rounding.py``)."""
     plain_history, plain_predictions = expected
     assert sorted(history) == sorted(plain_history)
     for key in plain_history:
@@ -177,11 +178,11 @@ def assert_like_plain_keras(history: dict, predictions, expected: tuple, epochs:
         assert spread.within(predictions, plain_predictions, "predictions"), spread.describe("predictions")
     elif predictions_follow_rounding:
         np.testing.assert_allclose(predictions, plain_predictions, rtol=1e-5, atol=ROUNDING_FOLLOWER_ATOL)
-    elif compute_dtype != "float32":
+    elif dtype != "float32":
         apart = np.abs(predictions.astype("float64") - plain_predictions)
-        allowed = resolution(plain_predictions, compute_dtype)
+        allowed = resolution(plain_predictions, dtype)
         assert np.all(apart <= allowed), (f"{int(np.sum(apart > allowed))} of {apart.size} predictions differ by more "
-                                          f"than {RESOLUTION_STEPS} {compute_dtype} steps (largest gap {apart.max():.3g})")
+                                          f"than {RESOLUTION_STEPS} {dtype} steps (largest gap {apart.max():.3g})")
     else:
         np.testing.assert_allclose(predictions, plain_predictions, rtol=1e-5, atol=1e-6)
 
@@ -243,7 +244,7 @@ def test_pattern_trains_like_plain_keras_in_the_default_configuration(pattern, t
     # or two: measured, a data-parallel plan 1.8e-3 from plain Keras' loss).
     assert_like_plain_keras(history, predictions, expected,
                             predictions_follow_rounding=pattern.predictions_follow_rounding,
-                            compute_dtype=compute_dtype(model),
+                            dtype=compute_dtype(model),
                             spread=plain_keras_spread(pattern.name) if watch.replicated else None)
     check_a_second_fit_keeps_its_course(pattern, model, door)
     check_evaluate_predict_save_load(pattern, model, tmp_path)
@@ -262,7 +263,7 @@ def test_pattern_trains_like_plain_keras_through_a_forced_replacement_and_drop(p
     assert not door.plan_in_force
     assert_like_plain_keras(history, predictions, expected, epochs=1 if pattern.amplifies_rounding else None,
                             predictions_follow_rounding=pattern.predictions_follow_rounding,
-                            compute_dtype=compute_dtype(model))
+                            dtype=compute_dtype(model))
 
 
 def check_a_second_fit_keeps_its_course(pattern: Pattern, model, door):

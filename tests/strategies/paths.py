@@ -218,7 +218,7 @@ def built(spec: Spec) -> keras.Model:
 def data_of(spec: Spec, rows_permuted: bool = False) -> dict:
     """The model's data; ``rows_permuted``: each training batch's rows permuted (the same
     sums in another order: ``tests/rounding.py``)."""
-    assert not (rows_permuted and spec.draws_by_row), f"permuted rows change {spec.name}'s math (tests/rounding.py)"
+    assert not (rows_permuted and spec.draws_by_row), f"permuted rows change {spec.name}'s math"
     keras.utils.set_random_seed(SEED)
     data = spec.data()
     if rows_permuted and isinstance(data["x"], tf.data.Dataset):
