@@ -8,7 +8,7 @@ retrace, timed default steps and runner-ups, and the steps after. Per model the 
 rounds of each round's difference, what ``report["plan_seconds"]`` said, the plan, and how many
 steps were timed beside the default placement (none when the planner kept the default placement).
 
-    python benchmarks/one_time_cost.py                               # the quick start's CNN + 15 tutorial patterns
+    python benchmarks/one_time_cost.py                               # the quick start's CNN + 16 tutorial patterns
     python benchmarks/one_time_cost.py --models quickstart mnist_convnet --rounds 3
 """
 
@@ -84,7 +84,8 @@ def worker(name: str, rounds: int) -> dict:
         report = strategy.report
         results["extra"].append(planned - plain)
         results["plan_seconds"].append(report.get("plan_seconds"))
-        results["plans"].append(report.get("algorithm") + (" (dropped)" if "plan_dropped" in report else ""))
+        plan = report.get("algorithm", "none: fit ended before the profiled steps")  # a 4-step epoch
+        results["plans"].append(plan + (" (dropped)" if "plan_dropped" in report else ""))
         results["timed"].append(len(timed))
     return results
 

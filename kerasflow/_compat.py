@@ -153,6 +153,17 @@ def fit_verbosity() -> Any:
     return None
 
 
+def global_random_state() -> list:
+    """The state of Keras 3's global seed generator, which every unseeded ``keras.random`` draw
+    advances (a router's noise, ``keras.random.uniform(shape)``), once a draw has made it; empty
+    for tf-keras, whose unseeded draws are stateful ops without a variable."""
+    from keras.src.backend.common import global_state
+    from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+
+    generator = global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+    return [generator.state] if generator is not None else []
+
+
 def metric_variables(model: Any) -> list:
     """Variables of the compiled loss trackers and metrics."""
     seen, found = set(), []

@@ -123,7 +123,7 @@ def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None, 
         ``"kerasflow plan"`` is the one ``kerasflow.plan`` returns.
     """
     batch = batch or graph.batch_size
-    plans, misfits = candidate_plans(graph, cluster, batch_size=batch, split=split, memory_limit=memory_limit)
+    plans, excluded = candidate_plans(graph, cluster, batch_size=batch, split=split, memory_limit=memory_limit)
     rows = []
     for name, candidate in plans.items():
         rows.append({"name": label(name), "step_time": candidate.predicted_step_time,
@@ -134,9 +134,8 @@ def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None, 
     rows.append({"name": "lower bound", "step_time": bound.seconds, "peak_memory": None, "plan": None})
     rows.append({"name": "bound over kerasflow's plans", "step_time": step_time_bound(graph, cluster, batch).seconds,
                  "peak_memory": None, "plan": None})
-    for line in misfits:
-        rows.append({"name": label(line.split(":")[0]), "step_time": None, "peak_memory": None, "plan": None,
-                     "fits": False})
+    for name in excluded:
+        rows.append({"name": label(name), "step_time": None, "peak_memory": None, "plan": None, "fits": False})
     return rows
 
 

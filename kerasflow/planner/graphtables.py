@@ -16,7 +16,8 @@ from .graph import OpGraph
 __all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "BatchStatistics", "batch_ops",
            "batch_statistics", "shardable_ops", "folded_ops", "variable_groups", "weight_bound_layers",
            "colocation_groups", "static_tables", "durations", "LOSS_GROUP", "split_groups", "is_loss_op", "group_ops",
-           "gradient_sums", "gradient_sum_readers", "layer_readers", "FUSED_GROUP", "fused_ops"]
+           "gradient_sums", "gradient_sum_readers", "layer_readers", "FUSED_GROUP", "fused_ops", "REFUSED_BATCHES",
+           "refused_batch_sizes"]
 
 BATCH_PHASES = ("forward", "backward")
 
@@ -202,6 +203,33 @@ _NEVER_FOLDED = ("Random", "Variable", "Resource", "Assign", "Iterator", "Placeh
 
 
 STATISTICS_LAYERS = "synchronized_layers"  # the profile's metadata key: layers with whole-batch statistics
+
+
+# The profile's metadata key: batch sizes the model refused while it was profiled (a model built for
+# one batch size, whose layers reshape with it), so that no plan hands a device another batch.
+REFUSED_BATCHES = "refused_batch_sizes"
+
+
+def refused_batch_sizes(graph: OpGraph) -> tuple[int, ...]:
+    """The batch sizes the model refused while it was profiled (``metadata["refused_batch_sizes"]``),
+    smallest first; empty when it took every size tried or the graph does not say.
+
+    Raises:
+        InvalidGraphError: the metadata holds something other than a list of positive counts.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> graph = synthetic.chain_mlp(layers=1)
+        >>> refused_batch_sizes(graph), refused_batch_sizes(OpGraph(graph.ops, graph.edges,
+        ...                                                          metadata={"refused_batch_sizes": [25]}))
+        ((), (25,))
+    """
+    sizes = graph.metadata.get(REFUSED_BATCHES) or []
+    if not isinstance(sizes, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0
+                                              for s in sizes):
+        raise InvalidGraphError(f"The profile's metadata[{REFUSED_BATCHES!r}] must be a list of batch sizes (positive "
+                                f"whole numbers) the model refused. Received: {sizes!r:.80}. Fix or remove it.")
+    return tuple(sorted(sizes))
 
 
 class BatchStatistics(NamedTuple):

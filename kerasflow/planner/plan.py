@@ -171,6 +171,9 @@ class Plan:
         predicted_step_time: seconds per step the simulator predicts for this plan.
         predicted_peak_memory: device -> bytes the simulator predicts.
         candidates: algorithm -> predicted step time of every candidate the planner tried.
+        excluded: candidate -> why the planner left it out (it did not fit the devices'
+            memory, did not apply to the graph, would hand a device a batch the model
+            refused, or could not beat the fastest plan).
         graph_fingerprint: ``OpGraph.fingerprint()`` of the graph planned for.
         cluster: the cluster's name.
         algorithm: which algorithm made the plan.
@@ -194,13 +197,14 @@ class Plan:
     predicted_step_time: float | None = None
     predicted_peak_memory: Mapping[str, float] = dataclasses.field(default_factory=dict)
     candidates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    excluded: Mapping[str, str] = dataclasses.field(default_factory=dict)
     graph_fingerprint: str = ""
     cluster: str = ""
     algorithm: str = ""
     version: str = dataclasses.field(default_factory=_version)
 
     def __post_init__(self):
-        for field in ("placement", "order", "splits", "predicted_peak_memory", "candidates"):
+        for field in ("placement", "order", "splits", "predicted_peak_memory", "candidates", "excluded"):
             value = getattr(self, field)
             if not isinstance(value, Mapping):
                 raise InvalidPlanError(f"Plan field {field!r} must be a mapping; received {value!r}.")
@@ -253,6 +257,12 @@ class Plan:
                     raise InvalidPlanError(f"Plan field {field!r} must map names to numbers; received key {key!r:.80}.")
                 _predicted(value, f"{field}[{key!r}]")
             object.__setattr__(self, field, _Frozen(values))
+        bad = next(((name, why) for name, why in self.excluded.items()
+                    if not isinstance(name, str) or not isinstance(why, str)), None)
+        if bad is not None:
+            raise InvalidPlanError(f"Plan field 'excluded' must map candidate names to reasons (text); received "
+                                   f"{bad[0]!r:.80}: {bad[1]!r:.80}.")
+        object.__setattr__(self, "excluded", _Frozen(self.excluded))
         if self.predicted_step_time is not None:
             _predicted(self.predicted_step_time, "predicted_step_time")
         if self.data_parallel is not None and (self.placement or self.splits):
@@ -380,6 +390,7 @@ class Plan:
             "predicted_step_time": self.predicted_step_time,
             "predicted_peak_memory": dict(self.predicted_peak_memory),
             "candidates": dict(self.candidates),
+            "excluded": dict(self.excluded),
             "graph_fingerprint": self.graph_fingerprint,
             "cluster": self.cluster,
             "algorithm": self.algorithm,
@@ -404,7 +415,7 @@ class Plan:
                 d = fields["data_parallel"]
                 fields["data_parallel"] = DataParallel(tuple(d.get("devices") or ()), d.get("allreduce", "ring"),
                                                        d.get("synchronized", False))
-            for key in ("placement", "order", "splits", "predicted_peak_memory", "candidates"):
+            for key in ("placement", "order", "splits", "predicted_peak_memory", "candidates", "excluded"):
                 if fields.get(key) is None:
                     fields.pop(key, None)
             return cls(**fields)

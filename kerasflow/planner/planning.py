@@ -32,7 +32,7 @@ from .cluster import Cluster
 from .cpop import cpop
 from .errors import InsufficientMemoryError, InvalidPlanError
 from .graph import OpGraph
-from .graphtables import batch_statistics
+from .graphtables import batch_statistics, refused_batch_sizes
 from .heft import heft
 from .listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
 from .onecopy import one_copy_data_parallel
@@ -82,7 +82,7 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
                     memory_headroom: float = DEFAULT_MEMORY_HEADROOM, max_split_evaluations: int = 48,
                     candidates: tuple[str, ...] = CANDIDATES, replicated: bool = True,
                     replica_statistics: bool = False, progress: Callable[[str], None] | None = None,
-                    verbose=True, skip_slower: bool = False) -> tuple[dict[str, Plan], list[str]]:
+                    verbose=True, skip_slower: bool = False) -> tuple[dict[str, Plan], dict[str, str]]:
     """Every candidate plan that fits in memory, simulated (arguments as for ``plan``).
 
     ``replicated=False`` leaves out the strategies that replicate the whole step per device
@@ -94,16 +94,23 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
     (``ticktock.slower_than``), and stops its simulation once the clock passes that plan's step:
     it could be neither the fastest nor the choice.
     Not with ``tick_tock="on"`` (the choice is among wave plans then) nor on shared compute.
+    For a model that refused a smaller batch while it was profiled (``refused_batch_sizes``),
+    every candidate that hands a device fewer rows than the batch (data parallelism, waves, op
+    splitting) is left out, and planning for another batch is an error.
 
     Returns:
-        ``(plans by candidate name in trial order, one line per candidate that did not fit or
-        was skipped)``.
+        ``(plans by candidate name in trial order, candidate name -> why it is not among them:
+        it did not fit, did not apply, or was left out or skipped)``.
+
+    Raises:
+        InvalidPlanError: an unknown candidate, or ``batch_size`` other than the graph's for a
+            model that refused a smaller batch.
 
     Example:
         >>> from kerasflow.planner import synthetic
-        >>> plans, misfits = candidate_plans(synthetic.chain_mlp(layers=2), "2xK80-pcie", split=False)
-        >>> sorted(plans)[:2], misfits
-        (['cpop', 'cpop-layers'], [])
+        >>> plans, excluded = candidate_plans(synthetic.chain_mlp(layers=2), "2xK80-pcie", split=False)
+        >>> sorted(plans)[:2], excluded
+        (['cpop', 'cpop-layers'], {})
     """
     cluster = Cluster.resolve(cluster)
     unknown = sorted(set(candidates) - set(CANDIDATES))
@@ -129,30 +136,37 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
         candidates = tuple(c for c in candidates if c != "data_parallel_replica_statistics")
     if len(cluster.hosts()) < 2:
         candidates = tuple(c for c in candidates if c != "data_parallel_one_host")
+    excluded: dict[str, str] = {}
+    whole_batch_only = _whole_batch_only(graph, batch)
+    if whole_batch_only is not None:
+        fewer_rows = [c for c in candidates if c.startswith("data_parallel")]
+        fewer_rows += ["op_splitting"] * (split and len(cluster) > 1) + ["waves"] * waves_wanted
+        excluded.update(dict.fromkeys(fewer_rows, whole_batch_only))
+        candidates = tuple(c for c in candidates if c not in excluded)
+        split = waves_wanted = False
     results: dict[str, Plan] = {}
     computed: dict[str, Plan] = {}
-    misfits: list[str] = []
 
     def consider(name: str, make: Callable[[], Plan | None]) -> None:
         try:
             candidate = make()
         except InsufficientMemoryError as error:
-            misfits.append(f"{name}: {error}")
+            excluded[name] = str(error)
             return
         except InvalidPlanError as error:  # not applicable to this graph (e.g. no layers)
-            misfits.append(f"{name}: not applicable: {error}")
+            excluded[name] = f"not applicable: {error}"
             return
         if candidate is None:  # a wave candidate slower than the fastest plan, unsimulated
-            misfits.append(f"{name}: not simulated to the end: its busiest device or its longest chain of ops alone "
-                           f"works longer than the fastest plan found ({fastest_so_far() * 1e3:.3f} ms), or its "
-                           "simulation passed that time")
+            excluded[name] = (f"not simulated to the end: its busiest device or its longest chain of ops alone "
+                              f"works longer than the fastest plan found ({fastest_so_far() * 1e3:.3f} ms), or its "
+                              "simulation passed that time")
         else:
             computed[name] = candidate
             if fits(candidate):
                 results[name] = candidate
             else:
                 peak = max(candidate.predicted_peak_memory.values())
-                misfits.append(f"{name}: simulated peak {peak / 2**20:,.1f} MiB exceeds the budget")
+                excluded[name] = f"simulated peak {peak / 2**20:,.1f} MiB exceeds the budget"
         bar.update(1)
         if progress is not None:
             progress(name)
@@ -189,8 +203,27 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
             f"No strategy fits the memory of cluster {cluster.name!r} at batch {batch} "
             f"(budgets {min(budgets) / 2**20:,.0f} MiB per device after {memory_headroom:.0%} headroom). "
             "Ways out: more devices, a smaller batch, Tick-Tock waves (tick_tock='on'), or a larger "
-            "memory_limit. Details: " + " | ".join(misfits))
-    return results, misfits
+            "memory_limit. Details: " + _details(excluded))
+    return results, excluded
+
+
+def _whole_batch_only(graph: OpGraph, batch: int) -> str | None:
+    """Why no candidate may hand a device fewer rows than ``batch``: the model refused a smaller
+    batch while it was profiled (None: it did not)."""
+    refused = refused_batch_sizes(graph)
+    if not refused:
+        return None
+    if batch != graph.batch_size:
+        raise InvalidPlanError(
+            f"The model refused a batch of {refused[0]} while it was profiled at {graph.batch_size}: it takes only "
+            f"the batch it was profiled at. Received: batch_size={batch}. Plan for batch_size={graph.batch_size}, "
+            "or profile the model at the batch to plan for.")
+    return (f"hands a device fewer rows than the batch of {batch}, and the model refused a batch of {refused[0]} "
+            "while it was profiled")
+
+
+def _details(excluded: dict[str, str]) -> str:
+    return " | ".join(f"{name}: {why}" for name, why in excluded.items())
 
 
 def tie_margin_for(graph: OpGraph) -> float:
@@ -448,7 +481,7 @@ def ranked_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | No
     elif isinstance(tie_margin, bool) or not isinstance(tie_margin, (int, float)) or not 0 <= tie_margin < 1:
         raise InvalidPlanError(f"tie_margin must be a fraction in [0, 1), such as 0.03, or None (from the "
                                f"profile's noise). Received: tie_margin={tie_margin!r}")
-    results, misfits = candidate_plans(
+    results, excluded = candidate_plans(
         graph, cluster, batch_size=batch_size, split=split, tick_tock=tick_tock, memory_limit=memory_limit,
         memory_headroom=memory_headroom, max_split_evaluations=max_split_evaluations, candidates=candidates,
         replicated=replicated, replica_statistics=replica_statistics, progress=progress, verbose=verbose,
@@ -458,7 +491,7 @@ def ranked_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | No
         if not results:
             raise InsufficientMemoryError(
                 "No plan with Tick-Tock waves fits the devices' memory. Ways out: more devices, a smaller "
-                "batch, or a larger memory_limit. Details: " + " | ".join(misfits))
+                "batch, or a larger memory_limit. Details: " + _details(excluded))
     fastest = min(p.predicted_step_time for p in results.values())
     default = results.get(baselines.DEFAULT_PLACEMENT)
     # Measured costs come with the error band calibration measured; datasheet ones with none known.
@@ -470,4 +503,5 @@ def ranked_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int | No
         best_name = next(n for n, p in results.items() if p.predicted_step_time <= fastest * (1 + tie_margin))
     others = sorted((n for n in results if n != best_name), key=lambda n: results[n].predicted_step_time)
     figures = {name: p.predicted_step_time for name, p in results.items()}
-    return [dataclasses.replace(results[name], algorithm=name, candidates=figures) for name in [best_name] + others]
+    return [dataclasses.replace(results[name], algorithm=name, candidates=figures, excluded=excluded)
+            for name in [best_name] + others]

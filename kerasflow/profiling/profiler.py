@@ -4,14 +4,18 @@ The step (forward, backward, optimizer update — what ``model.fit`` runs) is tr
 user's batch and at half of it; each trace runs ``warmup_steps`` unmeasured steps (tracing
 and graph optimisation happen there), then ``steps`` profiled ones. Per-op times are
 medians over the profiled steps, and each op's cost is fitted as ``fixed + per_sample *
-batch`` from the two batch sizes, so the planner can price shards and micro-batches. The
-model's weights and optimizer state are restored afterwards.
+batch`` from the two batch sizes, so the planner can price shards and micro-batches. A model
+built for one batch size (a layer that reshapes with it) refuses the half: it is profiled at its
+own batch only, its costs taken as they were measured there, and the refused size is recorded
+(``metadata["refused_batch_sizes"]``) so that no plan hands a device fewer rows. The model's
+weights and optimizer state are restored afterwards.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import time
 from typing import Any, Callable
 
@@ -23,7 +27,7 @@ from kerasflow._progress import progress_bar
 from kerasflow.devices import default_devices, device_kind
 from kerasflow.planner.errors import ProfilingError
 from kerasflow.planner.graph import Affine, Edge, Op, OpGraph
-from kerasflow.planner.graphtables import STATISTICS_LAYERS
+from kerasflow.planner.graphtables import REFUSED_BATCHES, STATISTICS_LAYERS
 from kerasflow.profiling.capture import CapturedStep, capture_step
 from kerasflow.profiling.host import host_lanes
 from kerasflow.profiling.xplane import KernelTimes, StepProfiler, attribute
@@ -86,7 +90,8 @@ def half_batch(batch: tuple) -> tuple:
 
 
 def snapshot_variables(model, known: list | None = None) -> list[tuple[Any, np.ndarray]]:
-    """Every variable's value: the model's, every optimizer's (slots, iterations) and the metrics'.
+    """Every variable's value: the model's, every optimizer's (slots, iterations), the metrics' and
+    Keras' global seed generator's (unseeded random draws).
 
     ``model.optimizer`` is built first, so its slots exist and are included. With ``known``
     (an earlier snapshot), only the variables created since then.
@@ -97,7 +102,7 @@ def snapshot_variables(model, known: list | None = None) -> list[tuple[Any, np.n
             optimizer.build(model.trainable_variables)
     seen = {id(v) for v, _ in known or ()}
     variables = (_compat.model_variables(model) + _compat.optimizer_variables(model)
-                 + _compat.metric_variables(model))
+                 + _compat.metric_variables(model) + _compat.global_random_state())
     return [(v, np.array(v.numpy())) for v in variables if id(v) not in seen]
 
 
@@ -235,7 +240,8 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
         steps: profiled steps; per-op times are their medians.
         device: where to run (default: the first GPU, else ``/CPU:0``); costs are keyed by
             its kind (``"CPU"``, ``"V100"``, ...).
-        second_batch: also profile half the batch, to fit each cost as fixed + per-sample.
+        second_batch: also profile half the batch, to fit each cost as fixed + per-sample
+            (a model that refuses the half is profiled at ``batch_size`` only, and says so).
         progress: called with a short message at each stage.
         verbose: show a progress bar on stderr (only on a terminal); 0 or False: no bar and
             no profiler logs.
@@ -244,11 +250,13 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
         The step: every op of forward, backward and update, with its layer, phase,
         colocation group, batch axis, output sizes and measured cost. ``metadata`` holds
         the coverage (the fraction of profiled kernel time that landed on ops of the graph),
-        the profiling wall time, the plain and profiled step times, and how memory was
+        the profiling wall time, the plain and profiled step times, the batch sizes
+        profiled and refused (``batch_sizes``, ``refused_batch_sizes``), and how memory was
         obtained.
 
     Raises:
-        ProfilingError: the model is not compiled, uses XLA, or the data does not fit it.
+        ProfilingError: the model is not compiled, uses XLA, or the data does not fit it
+            (the message names the batch kerasflow made from it).
 
     Example:
         >>> import keras, numpy as np, kerasflow
@@ -296,7 +304,8 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
         device: where to run; costs are keyed by its kind.
         warmup_steps: unmeasured runs of each traced step.
         steps: measured runs (medians).
-        second_batch: also profile half the batch (costs fixed + per sample).
+        second_batch: also profile half the batch (costs fixed + per sample), unless the
+            model refuses it (then ``metadata["refused_batch_sizes"]`` names it).
         kernel_times: kernel times already profiled from ``fit``'s own steps at this batch,
             used when they cover the traced step (saves profiling it again).
         say: called with a short message at each stage.
@@ -304,7 +313,7 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
         source: recorded in ``metadata["source"]``.
 
     Raises:
-        ProfilingError: the batch does not fit the model.
+        ProfilingError: ``batch`` does not fit the model.
     """
     say = say or (lambda message: None)
     started = time.perf_counter()
@@ -315,9 +324,15 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
             say("tracing the training step")
             try:
                 big = capture_step(model, batch)
-                small = capture_step(model, half_batch(batch)) if second_batch and big.batch_size > 1 else None
-            except (ValueError, TypeError, tf.errors.InvalidArgumentError) as error:
+            except _REFUSALS as error:
                 raise _data_error(model, batch, error) from None
+            small, refused = None, []
+            if second_batch and big.batch_size > 1:
+                try:
+                    small = capture_step(model, half_batch(batch))
+                except _REFUSALS as error:  # a model built for one batch size: plan it at that size
+                    refused = [_rows(half_batch(batch))]
+                    say(_refusal(model, refused[0], big.batch_size, error))
             # Tracing builds what the step builds (a GAN's second optimizer) before any run.
             snapshot += snapshot_variables(model, known=snapshot)
             say(f"profiling {steps} steps at batch {big.batch_size}")
@@ -333,9 +348,14 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
             result_small = plain_small = None
             if small is not None:
                 say(f"profiling {steps} steps at batch {small.batch_size}")
-                result_small, small_runs, _ = profile_step(small, half_batch(batch), warmup_steps, steps, device,
-                                                           quiet=quiet)
-                plain_small = float(np.median(small_runs))
+                try:
+                    result_small, small_runs, _ = profile_step(small, half_batch(batch), warmup_steps, steps, device,
+                                                               quiet=quiet)
+                    plain_small = float(np.median(small_runs))
+                except tf.errors.InvalidArgumentError as error:  # refused when run, not when traced
+                    refused = [small.batch_size]
+                    small = None
+                    say(_refusal(model, refused[0], big.batch_size, error))
         finally:
             restore_variables(snapshot)
     metadata = {
@@ -350,6 +370,7 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
         "plain_step_runs": len(plain_runs),
         "profiled_step_seconds": profiled,
         "batch_sizes": [big.batch_size] + ([small.batch_size] if small is not None else []),
+        REFUSED_BATCHES: refused,
         "memory": "tensor sizes (TensorFlow reports no per-op temp memory on this device)",
         "versions": {"tensorflow": tf.__version__},
     }
@@ -367,13 +388,38 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
     return build_graph(big, small, seconds_big, seconds_small, kind, name=model.name, metadata=metadata)
 
 
+# What a model's step raises when it refuses a batch: Keras' shape checks (ValueError), a layer's
+# own reshape at trace time (ValueError, TypeError) or when it runs (InvalidArgumentError).
+_REFUSALS = (ValueError, TypeError, tf.errors.InvalidArgumentError)
+
+
+def _rows(batch: tuple) -> int:
+    return int(tf.nest.flatten(batch)[0].shape[0])
+
+
+def _first_line(error: Exception) -> str:
+    """The first line of TensorFlow's or Keras' message that says something, without Keras'
+    terminal colours or TensorFlow's node (Keras opens with "Exception encountered when calling
+    <layer>", the cause follows)."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
+    said = [line for line in lines if line and not line.startswith(("Exception encountered", "Arguments received", "•"))]
+    return (said or [type(error).__name__])[0].split(" for '{{node ")[0][:200]
+
+
+def _refusal(model, refused: int, batch: int, error: Exception) -> str:
+    """The line saying a model took its batch and refused kerasflow's smaller one."""
+    return (f"model {model.name!r} refuses a batch of {refused} ({_first_line(error)}); profiled at its own batch "
+            f"of {batch} only, and no plan hands a device fewer rows (no data parallelism, waves or op splitting)")
+
+
 def _data_error(model, batch, error) -> ProfilingError:
     shapes = [tuple(t.shape) for t in tf.nest.flatten(batch)]
     expected = [getattr(i, "shape", None) for i in getattr(model, "inputs", None) or []]
     return ProfilingError(
-        f"The data does not fit model {model.name!r}: received tensors of shapes {shapes}"
-        f"{f', the model takes inputs of shapes {expected}' if expected else ''}. "
-        f"TensorFlow said: {str(error).splitlines()[0]}")
+        f"The data does not fit model {model.name!r}: kerasflow traced its training step on a batch of "
+        f"{_rows(batch)} made from the data (tensors of shapes {shapes})"
+        f"{f', and the model takes inputs of shapes {expected}' if expected else ''}. "
+        f"TensorFlow said: {_first_line(error)}. Pass data the model takes, as for fit.")
 
 
 def graph_structure(model, batch, own_step: Callable) -> OpGraph:

@@ -231,6 +231,7 @@ class Driver:
         function rebuilt, Keras' test and predict functions forgotten; ``trial`` times it."""
         self.retreat = self.retreat or Retreat(self.model, self.own_step, self.options.devices, self.creating)
         self.reporter.replicas_change_the_math(plan, self.graph)
+        self.reporter.draws_start_afresh(plan, self.graph)
         self.plan, self.trial, self.in_force_parts = plan, trial, None  # the old parts are void from here
         self.in_force_parts = InForce.put(self.model, plan, self.graph, self.options.devices, self.creating,
                                            self._unplanned)

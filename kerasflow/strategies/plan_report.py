@@ -25,6 +25,8 @@ class PlanReport:
             profile, seconds (the plan is "default_placement" when no plan was predicted enough
             faster: then kerasflow's work in ``fit`` ends there, with nothing tried).
         candidates: every candidate's predicted step, seconds, by name.
+        excluded: every candidate left out, with why, by name (``Plan.excluded``: over memory,
+            not applicable, handing a device a batch the model refused, unable to win).
         tie_margin: candidates predicted this close to the fastest were tied (from the
             profile's noise).
         measured_step_time: the median planned step timed inside ``fit``, seconds per train step
@@ -48,6 +50,7 @@ class PlanReport:
     predicted_step_time: float | None = None
     predicted_default_step_time: float | None = None
     candidates: dict | None = None
+    excluded: dict | None = None
     tie_margin: float | None = None
     measured_step_time: float | None = None
     default_step_time: float | None = None

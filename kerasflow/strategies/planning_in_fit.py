@@ -66,6 +66,7 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
     line = reporter.planned(best, graph, cluster, seconds, len(options.devices))
     report = PlanReport(plan_seconds=seconds, algorithm=best.algorithm, summary=line,
                         predicted_step_time=best.predicted_step_time, candidates=dict(best.candidates),
+                        excluded=dict(best.excluded) or None,
                         predicted_default_step_time=best.candidates.get(DEFAULT_PLACEMENT),
                         tie_margin=tie_margin_for(graph))
     if options.log_dir:

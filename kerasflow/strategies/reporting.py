@@ -19,6 +19,13 @@ from kerasflow.planner.ticktock import batch_coupled_ops, replica_coupled_ops
 
 __all__ = ["Reporter"]
 
+# TensorFlow's stateful random ops (``tf.random.uniform`` and kin, tf-keras' unseeded layers): each
+# kernel keeps its own position in its sequence, so a step traced anew starts the sequence again.
+# Keras 3's ``keras.random`` draws statelessly from a seed generator's variable and keeps its place.
+_STATEFUL_RANDOM_TYPES = frozenset({"RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+                                    "ParameterizedTruncatedNormal", "Multinomial", "RandomGamma", "RandomPoisson",
+                                    "RandomPoissonV2", "RandomShuffle"})
+
 
 class Reporter:
     """Prints kerasflow's progress the way Keras prints its own, and writes the log files.
@@ -130,6 +137,20 @@ class Reporter:
                      f"{f' and {len(layers) - 3} more' if len(layers) > 3 else ''} on its own share of the batch "
                      "(batch statistics or random numbers of their own, as MirroredStrategy computes them), so the "
                      "losses differ from one device's. Plan with replicated='auto' to keep the model's math.")
+
+    def draws_start_afresh(self, plan: Plan, graph: OpGraph | None) -> None:
+        """One line when the step draws with TensorFlow's stateful random ops, whose sequences the
+        plan's new trace starts again: its draws then differ from plain Keras'."""
+        if graph is None:
+            return
+        layers = sorted({op.layer or op.name for op in graph.ops if op.type in _STATEFUL_RANDOM_TYPES})
+        if layers:
+            self.say(f"kerasflow: {plan.algorithm}: {', '.join(layers[:3])}"
+                     f"{f' and {len(layers) - 3} more' if len(layers) > 3 else ''} draw random numbers with "
+                     "TensorFlow's stateful random ops (tf.random.uniform and kin), whose sequences start again in "
+                     "the planned step, traced anew (as plain Keras' do when it retraces), so the draws differ "
+                     "from plain Keras' from here. keras.random with a keras.random.SeedGenerator keeps one "
+                     "sequence across traces.")
 
     def measured(self, plan: Plan, measured: float, *, default: float | None = None, speedup: float | None = None,
                  profiled: float | None = None, loop: float = 0.0) -> str:

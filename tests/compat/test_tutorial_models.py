@@ -136,11 +136,16 @@ def train(pattern: Pattern, route: str | None, epochs: int = EPOCHS, collaborato
     return model, history.history, predictions_of(pattern, model), door
 
 
+def inference_kwargs(pattern: Pattern) -> dict:
+    """``predict``'s and ``evaluate``'s batch: a model that takes only its own batch size gets it."""
+    return {"batch_size": pattern.fit_kwargs["batch_size"]} if pattern.one_batch_size else {}
+
+
 def predictions_of(pattern: Pattern, model):
     if not pattern.callable:
         return None
     args, _ = fit_arguments(pattern)
-    return _flat(model.predict(args[0] if len(args) == 2 else args[0].take(2), verbose=0))
+    return _flat(model.predict(args[0] if len(args) == 2 else args[0].take(2), verbose=0, **inference_kwargs(pattern)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -281,16 +286,17 @@ def check_a_second_fit_keeps_its_course(pattern: Pattern, model, door):
 
 def check_evaluate_predict_save_load(pattern: Pattern, model, tmp_path):
     args, _ = fit_arguments(pattern)
+    inference = inference_kwargs(pattern)
     if pattern.callable:
         x = args[0] if len(args) == 2 else args[0].take(1)
-        predictions = model.predict(x, verbose=0)
-        model.evaluate(*args, verbose=0)
+        predictions = model.predict(x, verbose=0, **inference)
+        model.evaluate(*args, verbose=0, **inference)
     weights = tmp_path / "trained.weights.h5"
     model.save_weights(weights)
     keras.utils.set_random_seed(7)
     twin = pattern.build()
     if pattern.callable:
-        twin.predict(x, verbose=0)  # builds a subclassed model's variables
+        twin.predict(x, verbose=0, **inference)  # builds a subclassed model's variables
     else:
         twin.built = True
     twin.load_weights(weights)
@@ -300,12 +306,14 @@ def check_evaluate_predict_save_load(pattern: Pattern, model, tmp_path):
         path = tmp_path / "trained.keras"
         model.save(path)
         reloaded = keras.models.load_model(path)
-        np.testing.assert_allclose(_flat(reloaded.predict(x, verbose=0)), _flat(predictions), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(_flat(reloaded.predict(x, verbose=0, **inference)), _flat(predictions),
+                                   rtol=1e-5, atol=1e-6)
     if pattern.keras_file and pattern.h5_file:
         legacy = tmp_path / "trained.h5"  # Keras' legacy format keeps the model, not the optimizer
         model.save(legacy)
         reloaded = keras.models.load_model(legacy, compile=False)
-        np.testing.assert_allclose(_flat(reloaded.predict(x, verbose=0)), _flat(predictions), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(_flat(reloaded.predict(x, verbose=0, **inference)), _flat(predictions),
+                                   rtol=1e-5, atol=1e-6)
 
 
 def _flat(outputs) -> np.ndarray:

@@ -43,6 +43,9 @@ class Pattern:
     # in every digit, but predicts up to 4.2e-4 apart after one epoch, 5.6e-4 after three
     # (2026-12-04), so its predictions are compared to ten times that.
     predictions_follow_rounding: bool = False
+    # It takes only the batch size it was built for (fit_kwargs["batch_size"]), in predict and
+    # evaluate too.
+    one_batch_size: bool = False
 
 
 def _rng():
@@ -543,6 +546,115 @@ def dropout_mlp():
     return model
 
 
+# 16. keras.io "Text classification with Switch Transformer", in Keras 3 ops: a router
+# that reshapes the tokens with the batch size the model was built for, so fit runs at that batch
+# only (and predict and evaluate too); random noise on the router's logits from Keras' global
+# seed generator (the page itself draws it with tf.random.uniform: docs/what-kerasflow-plans.md); an
+# auxiliary loss added by a layer.
+SWITCH_BATCH, SWITCH_TOKENS, SWITCH_EXPERTS = 50, 32, 4
+
+
+def load_balanced_loss(router_probs, expert_mask):
+    num_experts = ops.shape(expert_mask)[-1]
+    density = ops.mean(expert_mask, axis=0)
+    density_proxy = ops.mean(router_probs, axis=0)
+    return ops.mean(density_proxy * density) * ops.cast((num_experts**2), "float32")
+
+
+class Router(layers.Layer):
+    def __init__(self, num_experts, expert_capacity):
+        self.num_experts = num_experts
+        self.route = layers.Dense(units=num_experts)
+        self.expert_capacity = expert_capacity
+        super().__init__()
+
+    def call(self, inputs, training=False):
+        router_logits = self.route(inputs)
+        if training:
+            router_logits += keras.random.uniform(shape=router_logits.shape, minval=0.9, maxval=1.1)
+        router_probs = keras.activations.softmax(router_logits, axis=-1)
+        expert_gate, expert_index = ops.top_k(router_probs, k=1)
+        expert_mask = ops.one_hot(expert_index, self.num_experts)
+        self.add_loss(load_balanced_loss(router_probs, expert_mask))
+        position_in_expert = ops.cast(ops.cumsum(expert_mask, axis=0) * expert_mask, "int32")
+        expert_mask *= ops.cast(ops.less(ops.cast(position_in_expert, "int32"), self.expert_capacity), "float32")
+        expert_mask_flat = ops.sum(expert_mask, axis=-1)
+        expert_gate *= expert_mask_flat
+        combined_tensor = ops.expand_dims(
+            expert_gate * expert_mask_flat * ops.squeeze(ops.one_hot(expert_index, self.num_experts), 1), -1,
+        ) * ops.squeeze(ops.one_hot(position_in_expert, self.expert_capacity), 1)
+        dispatch_tensor = ops.cast(combined_tensor, "float32")
+        return dispatch_tensor, combined_tensor
+
+
+class Switch(layers.Layer):
+    def __init__(self, num_experts, embed_dim, ff_dim, num_tokens_per_batch):
+        self.num_tokens_per_batch = num_tokens_per_batch
+        self.num_experts = num_experts
+        self.embed_dim = embed_dim
+        self.experts = [keras.Sequential([layers.Dense(ff_dim, activation="relu"), layers.Dense(embed_dim)])
+                        for _ in range(num_experts)]
+        self.expert_capacity = num_tokens_per_batch // self.num_experts
+        self.router = Router(self.num_experts, self.expert_capacity)
+        super().__init__()
+
+    def call(self, inputs):
+        batch_size = ops.shape(inputs)[0]
+        num_tokens_per_example = ops.shape(inputs)[1]
+        inputs = ops.reshape(inputs, [self.num_tokens_per_batch, self.embed_dim])
+        dispatch_tensor, combine_tensor = self.router(inputs)
+        expert_inputs = ops.einsum("ab,acd->cdb", inputs, dispatch_tensor)
+        expert_inputs = ops.reshape(expert_inputs, [self.num_experts, self.expert_capacity, self.embed_dim])
+        expert_outputs = ops.stack([expert(expert_input) for expert, expert_input
+                                    in zip(self.experts, ops.unstack(expert_inputs, axis=0))], axis=1)
+        combined = ops.einsum("abc,xba->xc", expert_outputs, combine_tensor)
+        return ops.reshape(combined, [batch_size, num_tokens_per_example, self.embed_dim])
+
+
+class SwitchTransformerBlock(layers.Layer):
+    def __init__(self, embed_dim, num_heads, ffn, dropout_rate=0.1):
+        super().__init__()
+        self.att = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.ffn = ffn
+        self.layernorm1 = layers.LayerNormalization(epsilon=1e-6)
+        self.layernorm2 = layers.LayerNormalization(epsilon=1e-6)
+        self.dropout1 = layers.Dropout(dropout_rate)
+        self.dropout2 = layers.Dropout(dropout_rate)
+
+    def call(self, inputs, training=False):
+        attn_output = self.dropout1(self.att(inputs, inputs), training=training)
+        out1 = self.layernorm1(inputs + attn_output)
+        ffn_output = self.dropout2(self.ffn(out1), training=training)
+        return self.layernorm2(out1 + ffn_output)
+
+
+def switch_transformer():
+    embed_dim, ff_dim, num_heads = 16, 16, 2
+    switch = Switch(SWITCH_EXPERTS, embed_dim, ff_dim, SWITCH_BATCH * SWITCH_TOKENS)
+    inputs = layers.Input(shape=(SWITCH_TOKENS,))
+    x = TokenAndPositionEmbedding(SWITCH_TOKENS, VOCAB, embed_dim)(inputs)
+    x = SwitchTransformerBlock(embed_dim // num_heads, num_heads, switch)(x)
+    x = layers.GlobalAveragePooling1D()(x)
+    x = layers.Dropout(0.25)(x)
+    x = layers.Dense(ff_dim, activation="relu")(x)
+    x = layers.Dropout(0.25)(x)
+    outputs = layers.Dense(2, activation="softmax")(x)
+    model = keras.Model(inputs=inputs, outputs=outputs)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+def switch_data():
+    rng = _rng()
+    return rng.integers(0, VOCAB, (SAMPLES, SWITCH_TOKENS)), rng.integers(0, 2, SAMPLES)
+
+
+def switch_validation_data():
+    rng = np.random.default_rng(1)
+    return rng.integers(0, VOCAB, (SWITCH_BATCH, SWITCH_TOKENS)), rng.integers(0, 2, SWITCH_BATCH)
+
+
 PATTERNS = [
     Pattern("mnist_convnet", mnist_convnet, mnist_data, {"batch_size": 32},
             "Sequential, Conv2D, MaxPooling2D, Flatten, Dropout, arrays"),
@@ -583,4 +695,8 @@ PATTERNS = [
     Pattern("dropout_mlp", dropout_mlp, flat_data,
             {"batch_size": 32, "validation_split": 0.2, "class_weight": {i: 1.0 + i / 10 for i in range(10)}},
             "Sequential, Dropout, SGD with momentum, validation_split, class weights"),
+    Pattern("switch_transformer", switch_transformer, switch_data,
+            {"batch_size": SWITCH_BATCH, "validation_data": switch_validation_data()},
+            "a layer that reshapes with the batch size it was built for, unseeded keras.random noise, "
+            "a layer's add_loss, MultiHeadAttention, validation_data", keras_file=False, one_batch_size=True),
 ]

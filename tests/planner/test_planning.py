@@ -181,10 +181,10 @@ def test_skipping_wave_candidates_slower_than_the_fastest_changes_no_choice():
                           (synthetic.chain_mlp(layers=4), "2xK80-pcie"),
                           (synthetic.inception_like(blocks=2), "8xH100-nvlink")):
         every, _ = candidate_plans(graph, preset, split=False, verbose=0)
-        kept, lines = candidate_plans(graph, preset, split=False, verbose=0, skip_slower=True)
+        kept, excluded = candidate_plans(graph, preset, split=False, verbose=0, skip_slower=True)
         fastest = min(p.predicted_step_time for p in kept.values())
         assert fastest == min(p.predicted_step_time for p in every.values())
-        skipped = [line.split(":")[0] for line in lines if "not simulated" in line]
+        skipped = [name for name, why in excluded.items() if "not simulated" in why]
         skipped_any = skipped_any or bool(skipped)
         for name in skipped:  # what was skipped simulates slower than the fastest, as its bound said
             if name not in every:  # the best placed plan's waves, where that plan differs without skipping
@@ -222,3 +222,26 @@ def test_a_search_from_the_hybrid_keeps_its_splits():
     split = next(p for name, p in plans.items() if name.endswith("+split"))
     assert hybrid.predicted_step_time * 3 < plans["heft-layers"].predicted_step_time
     assert set(hybrid.splits) <= set(split.splits) and split.predicted_step_time <= hybrid.predicted_step_time
+
+
+def test_a_model_that_refused_a_smaller_batch_gets_no_plan_that_hands_a_device_fewer_rows():
+    from kerasflow.planner import synthetic
+    from kerasflow.planner.planning import candidate_plans
+
+    graph = synthetic.inception_like(blocks=1)
+    refusing = OpGraph(graph.ops, graph.edges, batch_size=graph.batch_size,
+                       metadata={"refused_batch_sizes": [graph.batch_size // 2]})
+    settings = {"verbose": 0, "max_split_evaluations": 4}
+    every, _ = candidate_plans(graph, "4xV100-nvlink", **settings)
+    # Without the refusal, the same step gets plans of every kind that cuts the batch.
+    assert {"data_parallel", "one_copy_data_parallel", "heft+split"} <= set(every)
+    kept, excluded = candidate_plans(refusing, "4xV100-nvlink", **settings)
+    assert kept and not any(p.data_parallel or p.waves or p.splits for p in kept.values())
+    assert set(kept) <= set(every)
+    why = (f"hands a device fewer rows than the batch of {graph.batch_size}, and the model refused a batch of "
+           f"{graph.batch_size // 2} while it was profiled")
+    assert excluded == {"data_parallel": why, "op_splitting": why, "waves": why}
+    best = plan(refusing, "4xV100-nvlink", **settings)
+    assert best.excluded == excluded and Plan.from_dict(best.to_dict()).excluded == excluded
+    with pytest.raises(InvalidPlanError, match=f"batch_size={2 * graph.batch_size}. Plan for batch_size="):
+        plan(refusing, "4xV100-nvlink", batch_size=2 * graph.batch_size, **settings)

@@ -215,8 +215,44 @@ def test_uncompiled_model_is_refused():
 
 
 def test_wrong_data_shape_is_refused():
-    with pytest.raises(ProfilingError, match=r"does not fit model 'mlp': received tensors of shapes \[\(8, 5\)"):
-        profile_model(models.mlp(keras), (np.zeros((8, 5), "float32"), np.zeros(8, "int64")), batch_size=8)
+    with pytest.raises(ProfilingError, match=r"does not fit model 'mlp': kerasflow traced its training step on a batch "
+                                             r"of 8 made from the data \(tensors of shapes \[\(8, 5\)"):
+        profile_model(models.mlp(keras), (np.zeros((16, 5), "float32"), np.zeros(16, "int64")), batch_size=8)
+
+
+class OneBatchSize(keras.layers.Layer):
+    """Takes only the batch size it was built for, as a router that reshapes with it does: refused
+    when traced (a reshape of the static shape) or only when run (a check of the dynamic one)."""
+
+    def __init__(self, batch_size, when, **kwargs):
+        super().__init__(**kwargs)
+        self.batch_size, self.when = batch_size, when
+
+    def call(self, x):
+        if self.when == "traced":
+            return keras.ops.reshape(keras.ops.reshape(x, (self.batch_size * x.shape[1],)), (self.batch_size, -1))
+        tf.debugging.assert_equal(tf.shape(x)[0], self.batch_size, message="built for another batch size")
+        return x
+
+
+@pytest.mark.parametrize("when", ["traced", "run"])
+def test_a_model_that_takes_one_batch_size_is_profiled_at_it_and_says_so(when):
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, name="dense"),
+                              OneBatchSize(16, when, name="router"), keras.layers.Dense(2, name="head")], name="fixed")
+    model.compile(optimizer="adam", loss="mse")
+    said = []
+    graph = profile_model(model, (np.ones((16, 6), "float32"), np.ones((16, 2), "float32")), progress=said.append,
+                          batch_size=16, steps=1, verbose=0)
+    assert graph.metadata["batch_sizes"] == [16] and graph.metadata["refused_batch_sizes"] == [8]
+    refusal = [line for line in said if "refuses" in line]
+    assert len(refusal) == 1 and refusal[0].startswith("model 'fixed' refuses a batch of 8 (")
+    assert refusal[0].endswith("profiled at its own batch of 16 only, and no plan hands a device fewer rows (no "
+                               "data parallelism, waves or op splitting)")
+    assert "\x1b" not in refusal[0] and "{{node" not in refusal[0]
+    # Costs and sizes as measured at the batch, with no part per sample.
+    assert all(cost.per_sample == 0 for op in graph.ops for cost in op.cost.values())
+    assert sum(cost.fixed for op in graph.ops for cost in op.cost.values()) > 0
+    assert graph.metadata["coverage"] > 0.5
 
 
 def test_jit_compile_is_refused_with_the_reason():

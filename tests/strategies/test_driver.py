@@ -481,3 +481,36 @@ def test_a_plan_measured_as_fast_or_kept_on_request_stays(seconds, options):
     assert callback.plan_in_force and said == []
     assert callback.report["measured_step_time"] == pytest.approx(seconds)
     assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
+
+
+class StatefulNoise(keras.layers.Layer):
+    """Adds noise drawn with TensorFlow's stateful random op (``tf.random.uniform``), as the published
+    keras.io Switch router does, or with Keras 3's ``keras.random`` (``stateful=False``)."""
+
+    def __init__(self, stateful: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.stateful = stateful
+
+    def call(self, x, training=False):
+        if not training:
+            return x
+        draw = tf.random.uniform if self.stateful else keras.random.uniform
+        return x + draw(tf.shape(x), minval=-0.1, maxval=0.1)
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_a_plan_says_once_that_stateful_random_draws_start_again(capsys, stateful):
+    x, y = mlp_data()
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(8, name="dense"),
+                              StatefulNoise(stateful, name="noise"), keras.layers.Dense(int(y.max()) + 1, name="head")])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = kerasflow.callbacks.FastT(drop_slower_plan=False, collaborators=paths.PLANNING, verbose=1)
+    fit(model, x, y, callbacks=[callback])
+    assert callback.plan_in_force
+    said = [line for line in capsys.readouterr().out.splitlines() if "stateful random ops" in line]
+    if not stateful:  # keras.random keeps its place in a seed generator's variable
+        assert said == []
+        return
+    assert len(said) == 1 and said[0].startswith(f"kerasflow: {callback.plan.algorithm}: noise draw random numbers "
+                                                 "with TensorFlow's stateful random ops")
