@@ -1,5 +1,6 @@
 """Device helpers: logical CPUs for a multi-device testbed, the devices kerasflow uses by default,
-and the one spelling of a device name every module compares."""
+the one spelling of a device name every module compares, and the wait for devices that run
+after the host has moved on."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import re
 
 from kerasflow.planner.errors import KerasflowError
 
-__all__ = ["virtual_cpus", "default_devices", "device_kind", "normalize_device", "task_of", "device_type"]
+__all__ = ["virtual_cpus", "default_devices", "device_kind", "normalize_device", "task_of", "device_type",
+           "wait_for_devices"]
 
 _DEVICE = re.compile(r"device:([A-Za-z]+):(\d+)$", re.IGNORECASE)
 
@@ -133,3 +135,23 @@ def device_type(device: str) -> str:
         ('GPU', 'CPU')
     """
     return "GPU" if "GPU" in device.upper().rsplit("/", 1)[-1] else "CPU"
+
+
+def wait_for_devices() -> None:
+    """Returns once every device has run the work queued for it.
+
+    A GPU runs a step's kernels after the host has returned from the step (and so does every
+    device when ``tf.config.experimental.set_synchronous_execution(False)``): a step timed or
+    marked for the profiler ends here, not when the train function returns. Synchronous CPUs
+    have nothing queued, and nothing is waited for.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> _ = tf.linalg.matmul(tf.ones([64, 64]), tf.ones([64, 64]))
+        >>> wait_for_devices()  # the product is done
+    """
+    import tensorflow as tf
+
+    if not tf.config.experimental.get_synchronous_execution() or any(
+            device.device_type != "CPU" for device in tf.config.list_logical_devices()):
+        tf.test.experimental.sync_devices()

@@ -9,7 +9,8 @@ passes it no runner-up once ``fit`` has ended), ``strategies.options`` (the chec
 and their ``KERASFLOW_*`` variables) and ``strategies.scopes`` (a traced op's name without its
 wave and shard scopes); and two that check the equality tests' measured bounds
 (``tests/rounding.py``) are not too loose: a replica's gradients or a shard's statistics left out
-of their sum must fail them. Each mutation replaces one line in a temporary copy of the
+of their sum must fail them; and ``profiling.xplane``'s reading of GPU profiles and the
+stopwatch's wait for the devices. Each mutation replaces one line in a temporary copy of the
 checkout and runs the tests it names (by default the planner's tests and doctests, which never
 start TensorFlow; the tests of ``kerasflow.strategies`` modules import the package, which
 does, about 10 s a run), stopping at the first failure. The working tree is never touched.
@@ -52,6 +53,8 @@ OPTIONS_TESTS = ("tests/strategies/test_options.py", "kerasflow/strategies/optio
 REPLICAS_TEST = ("tests/strategies/test_batchstats.py::test_replicas_train_as_one_device_does",)
 SPLIT_NORMALIZATION_TEST = (
     "tests/strategies/test_every_path.py::test_every_output_equals_plain_keras[bn_cnn-normalization_split-strategy]",)
+# GPU profiles read from hand-built XSpace protos.
+XPLANE_TESTS = ("tests/profiling/test_xplane.py",)
 # A model whose layer draws unseeded random numbers (Keras' global seed generator), trained as plain Keras is.
 GLOBAL_SEED_TEST = (
     "tests/compat/test_tutorial_models.py::test_pattern_trains_like_plain_keras_in_the_default_configuration"
@@ -264,6 +267,16 @@ MUTATIONS = [
     Mutation("data parallelism is tried for a model that refused the half batch", "kerasflow/planner/planning.py",
              '        fewer_rows = [c for c in candidates if c.startswith("data_parallel")]',
              "        fewer_rows = []"),
+    Mutation("a GPU kernel's op stored as a reference is not read", "kerasflow/profiling/xplane.py",
+             "            found[key] = texts.get(stat.ref_value, \"\")", "            pass", XPLANE_TESTS),
+    Mutation("the profile viewer's derived lines are read too", "kerasflow/profiling/xplane.py",
+             "            if line.name in _DERIVED_LINES:", "            if False:", XPLANE_TESTS),
+    Mutation("a GPU kernel run after the host's step mark is dropped", "kerasflow/profiling/xplane.py",
+             "        step = host_step(begin) if place == HOST else device_step(begin)",
+             "        step = host_step(begin)", XPLANE_TESTS),
+    Mutation("the stopwatch stops before the devices are done", "kerasflow/strategies/collaborators.py",
+             "    wait_for_devices()\n    return outputs, time.perf_counter() - started",
+             "    return outputs, time.perf_counter() - started", ("tests/test_devices.py",)),
 ]
 
 

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from kerasflow import _compat
 from kerasflow._progress import progress_bar
-from kerasflow.devices import default_devices, device_kind
+from kerasflow.devices import default_devices, device_kind, wait_for_devices
 from kerasflow.planner.errors import ProfilingError
 from kerasflow.planner.graph import Affine, Edge, Op, OpGraph
 from kerasflow.planner.graphtables import REFUSED_BATCHES, STATISTICS_LAYERS
@@ -113,11 +113,12 @@ def restore_variables(snapshot) -> None:
 
 
 def _run_once(step: CapturedStep, batch: tuple, profiler: StepProfiler | None = None, number: int = 0) -> float:
-    """Wall seconds of one run of the traced step, waiting for its results (optionally marked
-    as step ``number`` of ``profiler``)."""
+    """Wall seconds of one run of the traced step, waiting for its results and for every device
+    to finish its work (optionally marked as step ``number`` of ``profiler``, the mark ending then)."""
     started = time.perf_counter()
     with profiler.step(number) if profiler is not None else contextlib.nullcontext():
         tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, step.function(batch))
+        wait_for_devices()
     return time.perf_counter() - started
 
 
@@ -249,7 +250,9 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
     Returns:
         The step: every op of forward, backward and update, with its layer, phase,
         colocation group, batch axis, output sizes and measured cost. ``metadata`` holds
-        the coverage (the fraction of profiled kernel time that landed on ops of the graph),
+        the coverage (the fraction of profiled kernel time that landed on ops of the graph;
+        ``coverage_by_place``: per host and device), the copies between memories a step made
+        (``copies_per_step``: source, destination, bytes, seconds; a GPU profile's ``Memcpy``),
         the profiling wall time, the plain and profiled step times, the batch sizes
         profiled and refused (``batch_sizes``, ``refused_batch_sizes``), and how memory was
         obtained.
@@ -364,6 +367,9 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
         "device_kind": kind,
         "flavor": _compat.flavor(model),
         "coverage": round(result.coverage, 6),
+        "coverage_by_place": {place: round(share, 6) for place, share in result.coverage_by_place.items()},
+        "copies_per_step": [{"source": source, "destination": destination, "bytes": size, "seconds": seconds}
+                            for (source, destination), (size, seconds) in sorted(result.copies.items())],
         "profile_seconds": round(time.perf_counter() - started, 3),
         "plain_step_seconds": plain,
         "plain_step_spread": step_spread(plain_runs),

@@ -13,11 +13,14 @@ import dataclasses
 import time
 from typing import Any, Callable
 
+from kerasflow.devices import wait_for_devices
+
 __all__ = ["Collaborators", "ScriptedStopwatch", "stopwatch"]
 
 
 def stopwatch(step: Callable[[], Any], plan) -> tuple[Any, float]:
-    """Runs ``step()`` and returns ``(outputs, seconds)`` up to its outputs' values.
+    """Runs ``step()`` and returns ``(outputs, seconds)`` up to its outputs' values and the end of
+    every device's work (``devices.wait_for_devices``: a GPU runs the step after it returns).
 
     Args:
         step: one call of a train function.
@@ -33,6 +36,7 @@ def stopwatch(step: Callable[[], Any], plan) -> tuple[Any, float]:
     for value in tf.nest.flatten(values):
         if isinstance(value, tf.Tensor):
             value.numpy()
+    wait_for_devices()
     return outputs, time.perf_counter() - started
 
 

@@ -7,6 +7,7 @@ import time
 from typing import Callable
 
 from kerasflow import _compat
+from kerasflow.devices import wait_for_devices
 from kerasflow.multihost import task_of
 from kerasflow.planner import Cluster, OpGraph, Plan
 from kerasflow.planner.baselines import DEFAULT_PLACEMENT
@@ -146,8 +147,10 @@ class ProfiledSteps:
         self._marked.__enter__()
 
     def leave(self) -> None:
-        """Ends the step's mark."""
+        """Ends the step's mark once every device has finished the step (a GPU runs it after the
+        train function returns)."""
         if self._marked is not None:
+            wait_for_devices()
             self._marked.__exit__(None, None, None)
             self._marked, self.steps = None, self.steps + 1
 
