@@ -1,15 +1,22 @@
 """Device helpers: logical CPUs for a multi-device testbed, the devices kerasflow uses by default,
-the one spelling of a device name every module compares, and the wait for devices that run
-after the host has moved on."""
+the one spelling of a device name every module compares, the local GPUs as TensorFlow has them
+(kind, memory, the card each is carved from), and the wait for devices that run after the host
+has moved on."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
+from typing import Sequence
 
 from kerasflow.planner.errors import KerasflowError
+from kerasflow.planner.hardware import DEVICE_SPECS, GiB
+from kerasflow.planner.machine import SharedCompute
 
-__all__ = ["virtual_cpus", "default_devices", "device_kind", "normalize_device", "task_of", "device_type",
-           "wait_for_devices"]
+__all__ = ["virtual_cpus", "default_devices", "device_kind", "device_memory", "normalize_device", "task_of",
+           "device_type", "wait_for_devices", "LocalGPU", "describe_gpus", "local_gpus", "shared_cards",
+           "UNKNOWN_DEVICE_MEMORY"]
 
 _DEVICE = re.compile(r"device:([A-Za-z]+):(\d+)$", re.IGNORECASE)
 
@@ -89,29 +96,162 @@ def default_devices() -> list[str]:
     return [f"/CPU:{i}" for i in range(len(tf.config.list_logical_devices("CPU")))]
 
 
-_KNOWN_KINDS = ("H200", "H100", "A100", "V100", "K80")
+# The memory taken for a device TensorFlow says nothing of, and whose kind has no datasheet.
+UNKNOWN_DEVICE_MEMORY = 16 * GiB
+# The GPU kinds of kerasflow's presets, read from a card's name as a word of its own ("NVIDIA
+# H100 80GB HBM3"; "GH200" is not "H200"), else from its compute capability (a GH200's 9.0 is
+# an H100's; an H200, also 9.0, is named).
+_KIND_IN_NAME = re.compile(r"\b(H200|H100|A100|V100|K80)\b")
+_KIND_OF_CAPABILITY = {(9, 0): "H100", (8, 0): "A100", (7, 0): "V100", (3, 7): "K80"}
+_MEMORY_IN_NAME = re.compile(r"(\d+)\s*GB\b")
 
 
-def device_kind(device: str) -> str:
-    """The cost kind of a device: ``"CPU"``, or the GPU's model (``"H100"``) where known.
+@dataclasses.dataclass(frozen=True)
+class LocalGPU:
+    """A logical GPU of this process, as TensorFlow has it.
+
+    Attributes:
+        name: its device name (``"/GPU:1"``).
+        card: the physical device it is carved from (``"/physical_device:GPU:0"``); logical
+            GPUs of one card share its compute.
+        kind: the kind costs are keyed by: a preset's (``"H100"``) or the card's own name.
+        memory: its bytes: its ``memory_limit`` where it is carved from a card, else the
+            card's: from its name where the name also gave the kind (or no preset has it),
+            else its kind's datasheet, else ``UNKNOWN_DEVICE_MEMORY``.
+        found: how kind and memory were found, in words.
+
+    Example:
+        >>> describe_gpus([("/physical_device:GPU:0", {"device_name": "NVIDIA H100 80GB HBM3"}, [30000, 30000])])[1]
+        LocalGPU(name='/GPU:1', card='/physical_device:GPU:0', kind='H100', memory=31457280000, found='kind from \
+its name; memory from its logical configuration (30000 MiB)')
+    """
+
+    name: str
+    card: str
+    kind: str
+    memory: int
+    found: str
+
+
+def describe_gpus(cards: Sequence[tuple[str, dict, Sequence[int | None] | None]]) -> list[LocalGPU]:
+    """The logical GPUs of ``cards``, numbered as TensorFlow numbers them.
+
+    Args:
+        cards: the visible physical GPUs in order, each ``(name, details, memory limits)``:
+            ``tf.config.experimental.get_device_details``' dict (``device_name``,
+            ``compute_capability``) and, for a card carved into logical GPUs, each one's
+            ``memory_limit`` in MiB (None: not carved, one logical GPU of the whole card).
+
+    Returns:
+        One ``LocalGPU`` per logical GPU: a card's logical GPUs in a row, cards in order.
+
+    Example:
+        >>> [gpu.kind for gpu in describe_gpus([("/physical_device:GPU:0", {"device_name": "Quadro X"}, None)])]
+        ['Quadro X']
+    """
+    found = []
+    for card, details, limits in cards:
+        kind, kind_found = _kind(details)
+        whole, memory_found = _card_memory(details, kind)
+        for limit in limits or [None]:
+            memory = whole if limit is None else int(limit) * 2**20
+            how = memory_found if limit is None else f"memory from its logical configuration ({int(limit)} MiB)"
+            found.append(LocalGPU(f"/GPU:{len(found)}", card, kind, memory, f"{kind_found}; {how}"))
+    return found
+
+
+def _kind(details: dict) -> tuple[str, str]:
+    name = str(details.get("device_name") or "GPU")
+    match = _KIND_IN_NAME.search(name)
+    if match:
+        return match.group(1), "kind from its name"
+    capability = tuple(details.get("compute_capability") or ())
+    if capability in _KIND_OF_CAPABILITY:
+        kind = _KIND_OF_CAPABILITY[capability]
+        return kind, f"kind from its compute capability {capability[0]}.{capability[1]} ({name!r} is no preset's name)"
+    return name, f"kind {name!r}: no preset has its name or its compute capability {capability or 'unknown'}"
+
+
+def _card_memory(details: dict, kind: str) -> tuple[int, str]:
+    # A name says the card's memory ("A100-SXM4-80GB"), unless the kind came from elsewhere: a
+    # "GH200 480GB" counts its CPU's memory too, so its kind's datasheet is the safer figure.
+    name = str(details.get("device_name") or "")
+    match = _MEMORY_IN_NAME.search(name)
+    if match and (_KIND_IN_NAME.search(name) or kind not in DEVICE_SPECS):
+        return int(match.group(1)) * GiB, "memory from its name"
+    if kind in DEVICE_SPECS:
+        return int(DEVICE_SPECS[kind].memory), f"memory from the {kind} datasheet"
+    return UNKNOWN_DEVICE_MEMORY, f"memory unknown: {UNKNOWN_DEVICE_MEMORY // GiB} GiB assumed"
+
+
+@functools.lru_cache(maxsize=1)
+def local_gpus() -> tuple[LocalGPU, ...]:
+    """This process's logical GPUs (``describe_gpus`` of TensorFlow's visible GPUs, their details
+    and logical configurations); empty without a GPU."""
+    import tensorflow as tf
+
+    cards = []
+    for card in tf.config.get_visible_devices("GPU"):
+        configuration = tf.config.get_logical_device_configuration(card)
+        limits = [c.memory_limit for c in configuration] if configuration else None
+        cards.append((card.name, tf.config.experimental.get_device_details(card), limits))
+    return tuple(describe_gpus(cards))
+
+
+def _local_gpu(device: str, gpus: Sequence[LocalGPU] | None) -> LocalGPU | None:
+    """The local GPU of ``device``'s index (another host's GPU is taken to be alike)."""
+    match = _DEVICE.search(device) or re.search(r"(GPU):(\d+)$", device, re.IGNORECASE)
+    if match is None or match.group(1).upper() != "GPU":
+        return None
+    return next((gpu for gpu in (local_gpus() if gpus is None else gpus) if gpu.name == f"/GPU:{match.group(2)}"),
+                None)
+
+
+def device_kind(device: str, gpus: Sequence[LocalGPU] | None = None) -> str:
+    """The cost kind of a device: ``"CPU"``, or the GPU's (``"H100"``; ``LocalGPU.kind``; ``gpus``:
+    the local GPUs, default ``local_gpus()``).
 
     Example:
         >>> device_kind("/CPU:1")
         'CPU'
     """
-    if "GPU" not in device.upper():
+    if device_type(device) != "GPU":
         return "CPU"
-    import tensorflow as tf
+    gpu = _local_gpu(device, gpus)
+    return gpu.kind if gpu is not None else "GPU"
 
-    index = int(device.rsplit(":", 1)[-1])
-    gpus = tf.config.list_physical_devices("GPU")
-    if index < len(gpus):
-        name = tf.config.experimental.get_device_details(gpus[index]).get("device_name", "GPU")
-        for kind in _KNOWN_KINDS:
-            if kind in name:
-                return kind
-        return name
-    return "GPU"
+
+def device_memory(device: str, gpus: Sequence[LocalGPU] | None = None) -> int:
+    """A device's bytes: a local GPU's as TensorFlow has it (``LocalGPU.memory``; ``gpus`` as for
+    ``device_kind``), else its kind's datasheet figure, else ``UNKNOWN_DEVICE_MEMORY``.
+
+    Example:
+        >>> device_memory("/CPU:0") == DEVICE_SPECS["CPU"].memory
+        True
+    """
+    gpu = _local_gpu(device, gpus) if device_type(device) == "GPU" else None
+    if gpu is not None:
+        return gpu.memory
+    kind = device_kind(device, gpus)
+    return int(DEVICE_SPECS[kind].memory) if kind in DEVICE_SPECS else UNKNOWN_DEVICE_MEMORY
+
+
+def shared_cards(devices: Sequence[str], gpus: Sequence[LocalGPU] | None = None) -> list[SharedCompute]:
+    """The cards two or more of ``devices`` are carved from, each as one pool of compute: its
+    logical GPUs run a kernel each at once, every kernel spread over the whole card.
+
+    Example:
+        >>> gpus = describe_gpus([("/physical_device:GPU:0", {"device_name": "NVIDIA H100"}, [1000, 1000])])
+        >>> shared_cards(["/GPU:0", "/GPU:1"], gpus)
+        [SharedCompute(devices=('/GPU:0', '/GPU:1'), threads=2, lanes=1)]
+    """
+    by_card: dict[str, list[str]] = {}
+    for device in devices:
+        gpu = _local_gpu(device, gpus) if device_type(device) == "GPU" and task_of(device) == "local" else None
+        if gpu is not None:
+            by_card.setdefault(gpu.card, []).append(device)
+    return [SharedCompute(tuple(names), threads=len(names), lanes=1)
+            for names in by_card.values() if len(names) > 1]
 
 
 def task_of(device: str) -> str:

@@ -22,7 +22,6 @@ from typing import Any, Sequence
 from kerasflow.devices import device_type, normalize_device, task_of  # re-exported: device names live there
 from kerasflow.planner.cluster import SAME_PROCESS, Cluster, Device, Link
 from kerasflow.planner.errors import ClusterConnectionError, KerasflowError
-from kerasflow.planner.hardware import DEVICE_SPECS
 
 __all__ = ["parse_tf_config", "resolver_from_environment", "task_addresses", "other_tasks", "wait_for_tasks", "connect",
            "task_of", "run_within", "exposure_warning", "TaskWatch", "silent_tasks", "device_type", "multihost_cluster"]
@@ -432,17 +431,16 @@ def multihost_cluster(devices: Sequence[str], *, inter_host_link: Link | tuple |
         >>> sorted(cluster.hosts())  # doctest: +SKIP
         [0, 1, 2]
     """
-    from kerasflow.devices import device_kind
+    from kerasflow.devices import device_kind, device_memory
     from kerasflow.profiling.links import measure_links
 
     devices = list(devices)
     hosts: dict[str, int] = {}
     built = []
     for device in devices:
-        # device_kind reads the local GPU of the same index: hosts are assumed alike.
-        kind = device_kind(device)
-        memory = DEVICE_SPECS[kind].memory if kind in DEVICE_SPECS else 16 * 2**30
-        built.append(Device(device, kind, memory, host=hosts.setdefault(task_of(device), len(hosts))))
+        # The local GPU of the same index describes it: hosts are assumed alike.
+        built.append(Device(device, device_kind(device), device_memory(device),
+                            host=hosts.setdefault(task_of(device), len(hosts))))
     if intra_host_link is None:
         first_host = [d for d in devices if hosts[task_of(d)] == 0]
         if len(first_host) > 1 and device_type(first_host[0]) == "GPU":

@@ -277,6 +277,12 @@ MUTATIONS = [
     Mutation("the stopwatch stops before the devices are done", "kerasflow/strategies/collaborators.py",
              "    wait_for_devices()\n    return outputs, time.perf_counter() - started",
              "    return outputs, time.perf_counter() - started", ("tests/test_devices.py",)),
+    Mutation("logical GPUs of one card are priced as devices of their own", "kerasflow/devices.py",
+             "            for names in by_card.values() if len(names) > 1]",
+             "            for names in by_card.values() if len(names) > 99]", ("tests/test_devices.py",)),
+    Mutation("a card's kind is read from any part of its name", "kerasflow/devices.py",
+             '_KIND_IN_NAME = re.compile(r"\\b(H200|H100|A100|V100|K80)\\b")',
+             '_KIND_IN_NAME = re.compile(r"(H200|H100|A100|V100|K80)")', ("tests/test_devices.py",)),
 ]
 
 

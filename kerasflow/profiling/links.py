@@ -21,7 +21,8 @@ import tensorflow as tf
 from kerasflow.planner.cluster import SAME_PROCESS, Cluster, Device, Link
 from kerasflow.planner.errors import KerasflowError
 from kerasflow.planner.hardware import DEVICE_SPECS
-from kerasflow.devices import device_kind, device_type, normalize_device, task_of
+from kerasflow.devices import (LocalGPU, device_kind, device_memory, device_type, normalize_device, shared_cards,
+                               task_of)
 from kerasflow.profiling.host import host_compute
 
 __all__ = ["measure_links", "LinkMeasurement", "cluster_of"]
@@ -120,20 +121,20 @@ def _time_copies(a: str, b: str, sizes: Sequence[int], repeats: int) -> list[tup
     return samples
 
 
-def cluster_of(devices: Sequence[str], *, links: LinkMeasurement | None = None, name: str = "") -> Cluster:
-    """A ``Cluster`` of local TensorFlow devices: kinds and memory from TensorFlow, links measured.
+def cluster_of(devices: Sequence[str], *, links: LinkMeasurement | None = None, name: str = "",
+               gpus: Sequence[LocalGPU] | None = None) -> Cluster:
+    """A ``Cluster`` of local TensorFlow devices: kinds and memory from TensorFlow, links measured;
+    logical GPUs carved from one card share its compute (``devices.shared_cards``). ``gpus``: the
+    local GPUs (default ``devices.local_gpus()``).
 
     Example:
         >>> cluster_of(["/CPU:0", "/CPU:1"]).device_names
         ['/CPU:0', '/CPU:1']
     """
     links = links or measure_links(devices)
-    built = []
-    for device in devices:
-        kind = device_kind(device)
-        memory = DEVICE_SPECS[kind].memory if kind in DEVICE_SPECS else 16 * 2**30
-        built.append(Device(device, kind, memory))
-    return Cluster(built, SAME_PROCESS, links.links, name=name or f"local:{len(devices)}")
+    built = [Device(device, device_kind(device, gpus), device_memory(device, gpus)) for device in devices]
+    return Cluster(built, SAME_PROCESS, links.links, name=name or f"local:{len(devices)}",
+                   shared=shared_cards(devices, gpus))
 
 
 @functools.lru_cache(maxsize=None)
