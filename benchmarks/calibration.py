@@ -16,6 +16,13 @@ best or within 3 % of the best.
 
     python benchmarks/calibration.py                          # 5 testbed models + 5 tutorial patterns
     python benchmarks/calibration.py --models mlp cnn --rounds 3
+    python benchmarks/calibration.py --write-trusted-gain      # and record this device kind's trusted gain
+
+``--write-trusted-gain`` records, for the device kind the table ran on, the worst measured /
+predicted step of a plan less one in ``kerasflow/strategies/trusted_gains.json`` (or the file
+named): inside ``fit`` a plan predicted faster than the default placement by more than that needs
+no trial on that kind (``kerasflow.strategies.verdict``); a kind never calibrated has every plan
+timed.
 
 On 4 logical CPUs (``kerasflow.devices.virtual_cpus(4)``, TensorFlow's default threading), or
 on the GPUs where there are some (``gpu_check.py`` prints this table after its own).
@@ -29,9 +36,11 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+DEFAULT_GAINS = os.path.join(HERE, "..", "kerasflow", "strategies", "trusted_gains.json")
 
 TESTBED = ("mlp", "cnn", "resnet", "lstm", "transformer")
 PATTERNS = ("mnist_convnet", "text_transformer", "vae", "subclassed_mlp", "conv1d_weighted")
@@ -112,11 +121,10 @@ def devices() -> list[str]:
 
 def worker(name: str, rounds: int, steps: int) -> dict:
     import dataclasses
-    import time
 
     import kerasflow
 
-    devices()
+    planned_on = devices()
     import keras
     import numpy as np
     import tensorflow as tf
@@ -168,7 +176,7 @@ def worker(name: str, rounds: int, steps: int) -> dict:
         models[setup].fit(xs, ys, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=[Clock()])
         return list(np.diff([started] + ends))
 
-    result = {"model": name, "batch": batch, "setups": {}}
+    result = {"model": name, "batch": batch, "setups": {}, "kind": kerasflow.devices.device_kind(planned_on[0])}
     usable = []
     for setup in setups:  # round 0: profile, plan, retrace
         try:
@@ -198,11 +206,52 @@ def worker(name: str, rounds: int, steps: int) -> dict:
     return result
 
 
+def worst_ratio(results: list[dict]) -> float | None:
+    """The worst measured / predicted step of a plan (every setup but the default placement's and
+    ``plan()``'s, which may be the default placement) over the workers' results.
+
+    Example:
+        >>> worst_ratio([{"setups": {"heft": {"measured": 2.0, "predicted": 1.0}, "default": {"measured": 9.0,
+        ...               "predicted": 1.0}, "single_device": {"error": "no plan"}}}])
+        2.0
+    """
+    ratios = [entry["measured"] / entry["predicted"] for result in results
+              for setup, entry in result["setups"].items()
+              if setup not in ("default", "plan()") and entry.get("predicted") and "measured" in entry]
+    return max(ratios) if ratios else None
+
+
+def write_trusted_gain(path: str, kind: str, worst: float, calibrated: str) -> dict:
+    """Records ``kind``'s trusted gain (``worst`` less one) in the JSON at ``path``, beside the other
+    kinds', and returns the file's contents; written whole or not at all.
+
+    Example:
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "gains.json")
+        >>> write_trusted_gain(path, "H100", 1.3, "today")["H100"]["trusted_gain"]
+        0.3
+    """
+    table = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            table = json.load(handle)
+    table[kind] = {"calibrated": calibrated, "trusted_gain": round(worst - 1, 2),
+                   "worst_measured_over_predicted": round(worst, 2)}
+    partial = path + ".partial"
+    with open(partial, "w", encoding="utf-8") as handle:
+        json.dump(table, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    os.replace(partial, path)
+    return table
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(TESTBED + PATTERNS))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--write-trusted-gain", nargs="?", metavar="PATH", const=DEFAULT_GAINS,
+                        help="record the device kind's trusted gain (default file: kerasflow/strategies/trusted_gains.json)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -212,7 +261,7 @@ def main(argv=None) -> int:
         return 0
     from _common import format_table, machine
 
-    rows, summary, within = [], [], []
+    rows, summary, within, results = [], [], [], []
     for name in args.models:
         out = subprocess.run([sys.executable, __file__, "--worker", name, "--rounds", str(args.rounds),
                               "--steps", str(args.steps)], capture_output=True, text=True, cwd=HERE)
@@ -221,6 +270,7 @@ def main(argv=None) -> int:
             print(f"{name} failed:\n{out.stderr[-3000:]}", flush=True)
             continue
         result = json.loads(line[7:])
+        results.append(result)
         setups = result["setups"]
         priced = {s: e for s, e in setups.items() if "measured" in e and e.get("predicted")}
         for setup, entry in setups.items():
@@ -248,6 +298,13 @@ def main(argv=None) -> int:
     print()
     print(format_table(["model", "rank correlation", "plan() picks", "its step vs the best measured"], summary))
     print(f"\ncells within +-10 %: {sum(within)} of {len(within)}")
+    worst = worst_ratio(results)
+    if args.write_trusted_gain and worst is not None:
+        kind = results[0]["kind"]
+        when = f"{time.strftime('%Y-%m-%d')}, benchmarks/calibration.py on {kind} ({machine()})"
+        write_trusted_gain(args.write_trusted_gain, kind, worst, when)
+        print(f"{kind}: worst measured / predicted step of a plan {worst:.2f}x; trusted gain {worst - 1:.2f} "
+              f"written to {args.write_trusted_gain}")
     return 0
 
 

@@ -75,3 +75,27 @@ def test_the_vocabulary_bound_shrinks_the_weights_of_the_vocabulary_layers_only(
             else:
                 assert new == old
     assert shrunk > 0 and cheaper.edges == graph.edges and cheaper.metadata == graph.metadata
+
+
+def test_a_calibration_records_its_kinds_trusted_gain_beside_the_others(tmp_path):
+    import shutil
+
+    import calibration
+
+    from kerasflow.planner import Plan
+    from kerasflow.strategies.verdict import TRUSTED_GAINS_FILE, needs_confirmation, trusted_gains
+
+    path = str(tmp_path / "trusted_gains.json")
+    shutil.copy(TRUSTED_GAINS_FILE, path)
+    # Two models' tables: the worst plan measured 1.8x its prediction; the default placement's
+    # and plan()'s cells do not count, nor a setup that failed.
+    results = [{"setups": {"default": {"measured": 3.0, "predicted": 1.0}, "heft": {"measured": 1.5, "predicted": 1.0},
+                           "plan()": {"measured": 5.0, "predicted": 1.0, "pick": "default_placement"}}},
+               {"setups": {"data_parallel": {"measured": 0.9, "predicted": 0.5}, "heft+split": {"error": "no plan"}}}]
+    worst = calibration.worst_ratio(results)
+    assert worst == pytest.approx(1.8)
+    calibration.write_trusted_gain(path, "H100", worst, "by hand")
+    assert trusted_gains(path) == {"CPU": 1.48, "H100": 0.8}
+    plan = Plan(placement={}, predicted_step_time=0.010, candidates={"default_placement": 0.0181})
+    assert needs_confirmation(plan, ["H100"]) and not needs_confirmation(plan, ["H100"], trusted_gains(path))
+    assert not os.path.exists(path + ".partial")

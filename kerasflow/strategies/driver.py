@@ -183,12 +183,15 @@ class Driver:
     def _plan(self) -> tuple[Plan, Trial]:
         """Profiles the step and plans it: the plan, and the trial that will time it."""
         times, self.profiled = self.profiled.stop(), None
+        cluster = planning_cluster(self.options)
         self.graph, (plan, *others), self.report = plan_in_fit(
-            self.model, self.inputs.tensors(), own_step=self.own_step, cluster=planning_cluster(self.options),
+            self.model, self.inputs.tensors(), own_step=self.own_step, cluster=cluster,
             kernel_times=times if _compat.steps_per_call(self.model) == 1 else None,  # a "step" may hold several
             options=self.options, collaborators=self.collaborators, reporter=self.reporter,
             loop_seconds=self.loop.seconds(_compat.steps_per_call(self.model)))
-        confirm = self.options.drop_slower_plan and needs_confirmation(plan)
+        # Trusted as far as the kinds it runs on were calibrated (a multi-host plan names remote devices).
+        kinds = {cluster.device(d).kind for d in plan.devices() if d in cluster.device_names} or set(cluster.kinds())
+        confirm = self.options.drop_slower_plan and needs_confirmation(plan, kinds)
         if plan.algorithm != DEFAULT_PLACEMENT:
             if self.options.drop_slower_plan and not confirm:
                 gain = plan.candidates[DEFAULT_PLACEMENT] / plan.predicted_step_time

@@ -1,7 +1,9 @@
 """The verdict on a plan timed beside the default placement inside ``fit``: keep it, try the runner-up, or drop it (pure Python).
 
 The trial's numbers are stated here, once: a plan predicted faster than the default placement by
-more than ``TRUSTED_GAIN`` needs no trial (``needs_confirmation``); otherwise a plan more than
+more than the trusted gain of the devices it runs on needs no trial (``needs_confirmation``; per
+device kind, from a calibration run on that kind, ``trusted_gains``; on a kind never calibrated,
+every plan is timed); otherwise a plan more than
 ``SLOWER_MARGIN`` slower than the default placement (the median of ``TIMED_ROUNDS`` alternating
 rounds) gives way; the best other
 candidate by ``planner.rerank`` is tried in its place when it is expected more than
@@ -14,25 +16,29 @@ unless it measured at least as fast as the default placement.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import functools
+import json
+import os
+from typing import Iterable, Sequence
 
 from kerasflow.planner.baselines import DEFAULT_PLACEMENT
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.rerank import rerank, same_kind
 
-__all__ = ["Verdict", "judge", "needs_confirmation", "SLOWER_MARGIN", "RUNNER_UP_GAIN", "TIMED_ROUNDS",
-           "TRUSTED_GAIN"]
+__all__ = ["Verdict", "judge", "needs_confirmation", "trusted_gains", "SLOWER_MARGIN", "RUNNER_UP_GAIN",
+           "TIMED_ROUNDS", "TRUSTED_GAINS_FILE"]
 
 # The median ratio of alternating rounds still varies by a few percent on a shared machine.
 SLOWER_MARGIN = 0.03
 RUNNER_UP_GAIN = 0.05
 TIMED_ROUNDS = 3
 # A plan predicted faster than the default placement by more than the simulator's worst measured
-# error is put in force untimed against it: on the calibration benchmark (docs/benchmarks.md,
-# 2026-12-05) a plan measured at most 2.48x its predicted step (subclassed_mlp's HEFT plan; 1.74x
-# on models of 2 ms and more), so a plan predicted more than 2.48x faster than the default
-# placement is faster whatever it measures.
-TRUSTED_GAIN = 1.48
+# error on its devices' kind is put in force untimed against it. The figures are measured, one
+# per kind, by ``benchmarks/calibration.py --write-trusted-gain`` on that kind: its worst
+# measured / predicted step of a plan, less one (on 4 logical CPUs, 2026-12-05: 2.48x,
+# subclassed_mlp's HEFT plan, so a gain of 1.48). A kind absent from the file has never been
+# calibrated: the simulator's error there is unknown, and every plan is timed.
+TRUSTED_GAINS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trusted_gains.json")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,20 +56,36 @@ class Verdict:
     why: str = ""
 
 
-def needs_confirmation(plan: Plan) -> bool:
-    """Whether ``plan`` is timed beside the default placement: unless its predicted gain over the
-    default placement's predicted step (its ``candidates["default_placement"]``) exceeds ``TRUSTED_GAIN``.
+@functools.lru_cache(maxsize=None)
+def trusted_gains(path: str = TRUSTED_GAINS_FILE) -> dict[str, float]:
+    """Device kind -> the predicted gain over the default placement beyond which a plan on that kind
+    needs no trial, from the calibrations run (``path``: the JSON ``calibration.py`` writes).
 
     Example:
-        >>> needs_confirmation(Plan(predicted_step_time=0.010, candidates={"default_placement": 0.020}))
-        True
-        >>> needs_confirmation(Plan(predicted_step_time=0.010, candidates={"default_placement": 0.030}))
-        False
+        >>> trusted_gains()["CPU"]
+        1.48
     """
+    with open(path, encoding="utf-8") as handle:
+        return {kind: float(entry["trusted_gain"]) for kind, entry in json.load(handle).items()}
+
+
+def needs_confirmation(plan: Plan, kinds: Iterable[str], gains: dict[str, float] | None = None) -> bool:
+    """Whether ``plan`` is timed beside the default placement: unless its predicted gain over the
+    default placement's predicted step (its ``candidates["default_placement"]``) exceeds the
+    trusted gain of every device kind it runs on (``kinds``; ``gains``: default
+    ``trusted_gains()``). A kind never calibrated has none: the plan is timed.
+
+    Example:
+        >>> plan = Plan(predicted_step_time=0.010, candidates={"default_placement": 0.030})
+        >>> needs_confirmation(plan, ["CPU"]), needs_confirmation(plan, ["H100"], {"CPU": 1.48})
+        (False, True)
+    """
+    gains = trusted_gains() if gains is None else gains
+    kinds = set(kinds)
     default = plan.candidates.get(DEFAULT_PLACEMENT)
-    if not default or not plan.predicted_step_time:
+    if not default or not plan.predicted_step_time or not kinds or not kinds <= set(gains):
         return True
-    return default / plan.predicted_step_time - 1 <= TRUSTED_GAIN
+    return default / plan.predicted_step_time - 1 <= min(gains[kind] for kind in kinds)
 
 
 def judge(plan: Plan, measured: float | None, default: float | None, ratio: float | None, rounds: int,

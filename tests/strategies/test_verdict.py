@@ -11,8 +11,8 @@ import pytest
 
 from kerasflow.planner import DataParallel, Plan
 from kerasflow.strategies.trial import Trial
-from kerasflow.strategies.verdict import (RUNNER_UP_GAIN, SLOWER_MARGIN, TIMED_ROUNDS, TRUSTED_GAIN, Verdict, judge,
-                                         needs_confirmation)
+from kerasflow.strategies.verdict import (RUNNER_UP_GAIN, SLOWER_MARGIN, TIMED_ROUNDS, Verdict, judge,
+                                         needs_confirmation, trusted_gains)
 
 TWO_CPUS = DataParallel(("/CPU:0", "/CPU:1"))
 
@@ -44,14 +44,25 @@ def test_the_trials_numbers_are_a_3_percent_margin_a_5_percent_gain_and_three_ro
     assert (SLOWER_MARGIN, RUNNER_UP_GAIN, TIMED_ROUNDS) == (0.03, 0.05, 3)
 
 
-def test_a_plan_predicted_more_than_2_48x_faster_than_the_default_placement_needs_no_trial():
-    # Predicted 10 ms against the default placement's 24.8 ms: a gain of exactly 1.48 is timed.
-    def plan(default):
-        return Plan(placement={}, predicted_step_time=0.010, candidates={"default_placement": default})
+def plan_against(default):
+    return Plan(placement={}, predicted_step_time=0.010, candidates={"default_placement": default})
 
-    assert TRUSTED_GAIN == 1.48
-    assert needs_confirmation(plan(0.0248)) and not needs_confirmation(plan(0.0249))
-    assert needs_confirmation(Plan(placement={}, predicted_step_time=0.010))  # no default priced: timed
+
+def test_a_plan_on_cpus_predicted_more_than_2_48x_faster_than_the_default_placement_needs_no_trial():
+    # Predicted 10 ms against the default placement's 24.8 ms: a gain of exactly 1.48 is timed.
+    assert trusted_gains()["CPU"] == 1.48  # the calibration of 2026-12-05 on logical CPUs
+    assert needs_confirmation(plan_against(0.0248), ["CPU"]) and not needs_confirmation(plan_against(0.0249), ["CPU"])
+    assert needs_confirmation(Plan(placement={}, predicted_step_time=0.010), ["CPU"])  # no default priced: timed
+
+
+def test_on_a_kind_never_calibrated_every_plan_is_timed():
+    # The simulator's error on an H100 was never measured: even a plan predicted 100x faster is timed.
+    assert "H100" not in trusted_gains()
+    assert needs_confirmation(plan_against(1.0), ["H100"])
+    assert needs_confirmation(plan_against(1.0), ["CPU", "H100"])  # a plan on both kinds: the unknown one counts
+    gains = {"CPU": 1.48, "H100": 0.5}  # as if calibrated: the smaller gain of the two kinds counts
+    assert not needs_confirmation(plan_against(0.0151), ["H100"], gains)
+    assert needs_confirmation(plan_against(0.0149), ["CPU", "H100"], gains)
 
 
 @pytest.mark.parametrize("ratio", [1.03, 1.0299, 1.0, 0.7])
