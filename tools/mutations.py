@@ -101,7 +101,7 @@ MUTATIONS = [
              "arrival = begin + latency[src][dst] + nbytes * inverse_bw[src][dst]",
              "arrival = begin + nbytes * inverse_bw[src][dst]"),
     Mutation("memory headroom ignored", "kerasflow/planner/listschedule.py",
-             "budgets.append(memory * (1.0 - headroom))", "budgets.append(memory)"),
+             "budgets.append(max(memory * (1.0 - headroom) - reserved, 0.0))", "budgets.append(max(memory - reserved, 0.0))"),
     Mutation("an unordered plan is never kept", "kerasflow/planner/planning.py",
              "    if unordered is None or not unordered.predicted_step_time < to_beat:",
              "    if True:"),
@@ -287,6 +287,9 @@ MUTATIONS = [
     Mutation("a card's kind is read from any part of its name", "kerasflow/devices.py",
              '_KIND_IN_NAME = re.compile(r"\\b(H200|H100|A100|V100|K80)\\b")',
              '_KIND_IN_NAME = re.compile(r"(H200|H100|A100|V100|K80)")', ("tests/test_devices.py",)),
+    Mutation("the step's temporary memory is left on the devices' budgets", "kerasflow/planner/listschedule.py",
+             "        budgets.append(max(memory * (1.0 - headroom) - reserved, 0.0))",
+             "        budgets.append(max(memory * (1.0 - headroom), 0.0))"),
 ]
 
 

@@ -11,6 +11,7 @@ from typing import Mapping, Sequence
 
 from .cluster import Cluster
 from .graph import OpGraph
+from .graphtables import temporary_bytes
 from .listschedule import (
     DEFAULT_MEMORY_HEADROOM, list_schedule, memory_budgets, plan_from_schedule, scheduling_tasks,
 )
@@ -48,7 +49,8 @@ def cpop(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = None,
     preferred = {t: path_device for t in path if fixed[t] < 0}
     priority = [u + d for u, d in zip(upward, downward)]
     schedule = list_schedule(tg, graph, cluster, priority, costs=costs, fixed=fixed, preferred=preferred,
-                             budgets=memory_budgets(cluster, memory_limit, memory_headroom), affinity=affinity)
+                             budgets=memory_budgets(cluster, memory_limit, memory_headroom, temporary_bytes(graph)),
+                             affinity=affinity)
     return plan_from_schedule(tg, graph, cluster, schedule, splits=splits, batch=batch,
                               algorithm="cpop" if affinity == "op" else "cpop-layers",
                               unless_slower_than=unless_slower_than)

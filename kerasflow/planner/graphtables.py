@@ -17,7 +17,7 @@ __all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "BatchSt
            "batch_statistics", "shardable_ops", "folded_ops", "variable_groups", "weight_bound_layers",
            "colocation_groups", "static_tables", "durations", "LOSS_GROUP", "split_groups", "is_loss_op", "group_ops",
            "gradient_sums", "gradient_sum_readers", "layer_readers", "FUSED_GROUP", "fused_ops", "REFUSED_BATCHES",
-           "refused_batch_sizes"]
+           "refused_batch_sizes", "TEMPORARY_MEMORY", "temporary_bytes"]
 
 BATCH_PHASES = ("forward", "backward")
 
@@ -230,6 +230,29 @@ def refused_batch_sizes(graph: OpGraph) -> tuple[int, ...]:
         raise InvalidGraphError(f"The profile's metadata[{REFUSED_BATCHES!r}] must be a list of batch sizes (positive "
                                 f"whole numbers) the model refused. Received: {sizes!r:.80}. Fix or remove it.")
     return tuple(sorted(sizes))
+
+
+# The profile's metadata key: the step's temporary memory, which no op's tensors show (a GPU's
+# kernel workspaces): its measured peak beyond the modelled one. Every device keeps it free.
+TEMPORARY_MEMORY = "temporary_bytes"
+
+
+def temporary_bytes(graph: OpGraph) -> float:
+    """The step's temporary memory in bytes (``metadata["temporary_bytes"]``; 0 when absent).
+
+    Raises:
+        InvalidGraphError: the metadata holds something other than a non-negative number.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> temporary_bytes(synthetic.chain_mlp(layers=1))
+        0.0
+    """
+    value = graph.metadata.get(TEMPORARY_MEMORY, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise InvalidGraphError(f"The profile's metadata[{TEMPORARY_MEMORY!r}] must be a non-negative number of bytes. "
+                                f"Received: {value!r:.80}. Fix or remove it.")
+    return float(value)
 
 
 class BatchStatistics(NamedTuple):

@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 from .cluster import Cluster
 from .graph import OpGraph
+from .graphtables import temporary_bytes
 from .listschedule import (
     DEFAULT_MEMORY_HEADROOM, list_schedule, memory_budgets, plan_from_schedule, scheduling_tasks,
 )
@@ -55,7 +56,8 @@ def heft(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = None,
     costs = TaskCosts(tg, graph, cluster, fixed)
     upward = upward_ranks(tg, costs.average, average_link(cluster), topological_tasks(tg))
     schedule = list_schedule(tg, graph, cluster, upward, costs=costs, fixed=fixed,
-                             budgets=memory_budgets(cluster, memory_limit, memory_headroom), affinity=affinity)
+                             budgets=memory_budgets(cluster, memory_limit, memory_headroom, temporary_bytes(graph)),
+                             affinity=affinity)
     return plan_from_schedule(tg, graph, cluster, schedule, splits=splits, batch=batch,
                               algorithm="heft" if affinity == "op" else "heft-layers",
                               unless_slower_than=unless_slower_than)

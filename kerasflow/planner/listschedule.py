@@ -42,24 +42,29 @@ DEFAULT_MEMORY_HEADROOM = 0.1
 
 
 def memory_budgets(cluster: Cluster, memory_limit: float | None = None,
-                   headroom: float = DEFAULT_MEMORY_HEADROOM) -> list[float]:
+                   headroom: float = DEFAULT_MEMORY_HEADROOM, reserved: float = 0.0) -> list[float]:
     """Bytes the planner may use on each device.
 
     Args:
         cluster: the devices.
         memory_limit: a cap in bytes for every device (e.g. to plan for a smaller card).
         headroom: the fraction of memory left free (default 10 %).
+        reserved: bytes every device keeps off its budget for the step's temporary memory, which
+            no op's tensors show (``graphtables.temporary_bytes``: a GPU profile's measured
+            peak beyond the modelled one); any device may run the op that needs it.
 
     Example:
         >>> memory_budgets(Cluster.preset("2xK80-pcie"), memory_limit=1e9)
         [900000000.0, 900000000.0]
+        >>> memory_budgets(Cluster.preset("2xK80-pcie"), memory_limit=1e9, reserved=1e8)
+        [800000000.0, 800000000.0]
     """
     if not 0 <= headroom < 1:
         raise InsufficientMemoryError(f"memory headroom must be in [0, 1); received {headroom!r}.")
     budgets = []
     for device in cluster.devices:
         memory = device.memory if memory_limit is None else min(device.memory, memory_limit)
-        budgets.append(memory * (1.0 - headroom))
+        budgets.append(max(memory * (1.0 - headroom) - reserved, 0.0))
     return budgets
 
 

@@ -12,6 +12,7 @@ from . import baselines
 from .cluster import Cluster
 from .errors import InsufficientMemoryError, InvalidPlanError
 from .graph import OpGraph
+from .graphtables import temporary_bytes
 from .listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
 from .plan import Plan
 from .planning import plan
@@ -95,7 +96,7 @@ def max_batch(graph: OpGraph, cluster: Cluster | str, strategy: str | Callable, 
         name, make = strategy, STRATEGIES[strategy]
     else:
         name, make = getattr(strategy, "__name__", "custom"), strategy
-    budgets = memory_budgets(cluster, memory_limit, memory_headroom)
+    budgets = memory_budgets(cluster, memory_limit, memory_headroom, temporary_bytes(graph))
 
     def attempt(batch: int) -> Plan | None:
         try:

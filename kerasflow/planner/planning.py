@@ -32,7 +32,7 @@ from .cluster import Cluster
 from .cpop import cpop
 from .errors import InsufficientMemoryError, InvalidPlanError
 from .graph import OpGraph
-from .graphtables import batch_statistics, refused_batch_sizes
+from .graphtables import batch_statistics, refused_batch_sizes, temporary_bytes
 from .heft import heft
 from .listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
 from .onecopy import one_copy_data_parallel
@@ -120,7 +120,7 @@ def candidate_plans(graph: OpGraph, cluster: Cluster | str, *, batch_size: int |
     if batch_size is not None:
         check_number(batch_size, "batch_size", InvalidPlanError, kind="count", fix="pass the batch to plan for")
     batch = batch_size or graph.batch_size
-    budgets = memory_budgets(cluster, memory_limit, memory_headroom)
+    budgets = memory_budgets(cluster, memory_limit, memory_headroom, temporary_bytes(graph))
     options = {"batch_size": batch, "memory_limit": memory_limit, "memory_headroom": memory_headroom}
 
     def fits(candidate: Plan) -> bool:

@@ -24,15 +24,16 @@ import tensorflow as tf
 
 from kerasflow import _compat
 from kerasflow._progress import progress_bar
-from kerasflow.devices import default_devices, device_kind, wait_for_devices
+from kerasflow.devices import default_devices, device_kind, device_type, wait_for_devices
 from kerasflow.planner.errors import ProfilingError
 from kerasflow.planner.graph import Affine, Edge, Op, OpGraph
-from kerasflow.planner.graphtables import REFUSED_BATCHES, STATISTICS_LAYERS
+from kerasflow.planner.graphtables import REFUSED_BATCHES, STATISTICS_LAYERS, TEMPORARY_MEMORY
 from kerasflow.profiling.capture import CapturedStep, capture_step
 from kerasflow.profiling.host import host_lanes
 from kerasflow.profiling.xplane import KernelTimes, StepProfiler, attribute
 
 __all__ = ["profile_model", "profile_training_step", "first_batch", "check_model", "build_graph", "profile_step", "half_batch",
+           "memory_metadata", "modelled_peak",
            "snapshot_variables", "restore_variables", "with_dispatch_overhead", "time_step", "step_spread", "PLAIN_RUNS"]
 
 # Unprofiled runs timed for the plain step time, whatever the number of profiled steps: they
@@ -339,6 +340,7 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
             # Tracing builds what the step builds (a GAN's second optimizer) before any run.
             snapshot += snapshot_variables(model, known=snapshot)
             say(f"profiling {steps} steps at batch {big.batch_size}")
+            _reset_peak(device)  # the step's own peak, not the tracing's or an earlier model's
             result = None
             if kernel_times is not None:
                 result = attribute(kernel_times, big.by_name(), {op.name: op.flops for op in big.ops})
@@ -348,6 +350,7 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
             else:  # fit's step differs by name (or none was given): profile the traced step itself
                 result, plain_runs, profiled = profile_step(big, batch, warmup_steps, steps, device, quiet=quiet)
             plain = float(np.median(plain_runs))
+            peak = _peak(device)
             result_small = plain_small = None
             if small is not None:
                 say(f"profiling {steps} steps at batch {small.batch_size}")
@@ -377,21 +380,64 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
         "profiled_step_seconds": profiled,
         "batch_sizes": [big.batch_size] + ([small.batch_size] if small is not None else []),
         REFUSED_BATCHES: refused,
-        "memory": "tensor sizes (TensorFlow reports no per-op temp memory on this device)",
         "versions": {"tensorflow": tf.__version__},
     }
-    if "GPU" in device.upper():
-        try:
-            metadata["measured_peak_bytes"] = tf.config.experimental.get_memory_info(device.strip("/"))["peak"]
-            metadata["memory"] = "tensor sizes; measured_peak_bytes from tf.config.experimental.get_memory_info"
-        except (ValueError, RuntimeError):
-            pass
     seconds_big, overhead = with_dispatch_overhead(result.seconds, big, plain)
     seconds_small = None
     if result_small is not None:
         seconds_small, _ = with_dispatch_overhead(result_small.seconds, small, plain_small)
     metadata["dispatch_overhead_per_op_seconds"] = overhead
-    return build_graph(big, small, seconds_big, seconds_small, kind, name=model.name, metadata=metadata)
+    graph = build_graph(big, small, seconds_big, seconds_small, kind, name=model.name, metadata=metadata)
+    memory = memory_metadata(device, peak, lambda: modelled_peak(graph, device, kind))
+    return OpGraph(graph.ops, graph.edges, batch_size=graph.batch_size, name=graph.name,
+                   metadata={**graph.metadata, **memory})
+
+
+def _reset_peak(device: str) -> None:
+    """Starts the allocator's peak afresh on ``device``, where TensorFlow keeps one."""
+    try:
+        tf.config.experimental.reset_memory_stats(device.strip("/"))
+    except (ValueError, RuntimeError):
+        pass
+
+
+def _peak(device: str) -> int | None:
+    """The allocator's peak bytes on ``device`` since the last reset (None where TensorFlow keeps none)."""
+    try:
+        return int(tf.config.experimental.get_memory_info(device.strip("/"))["peak"])
+    except (ValueError, RuntimeError):
+        return None
+
+
+def modelled_peak(graph: OpGraph, device: str, kind: str) -> float:
+    """The peak memory the planner's model gives the step on ``device`` alone: weights, optimizer
+    slots and live tensors, no temporary memory."""
+    from kerasflow.planner import Cluster, Device, baselines
+
+    alone = Cluster([Device(device, kind, 2**62)], name="profiled device")
+    return float(baselines.single_device(graph, alone).predicted_peak_memory[device])
+
+
+def memory_metadata(device: str, peak: int | None, modelled: Callable[[], float]) -> dict:
+    """What a profile says of memory. On a GPU: the allocator's peak over the profiled steps
+    (``measured_peak_bytes``) and the step's temporary memory (``temporary_bytes``: that peak
+    beyond the ``modelled`` one, never below 0), which the planner keeps free on every device. On
+    a CPU, TensorFlow's allocator statistics leave out most tensors (a small model's step reads
+    a peak of 0 bytes), so only the tensors' sizes count.
+
+    Example:
+        >>> memory_metadata("/GPU:0", 5_000, lambda: 3_000.0)["temporary_bytes"]
+        2000.0
+        >>> sorted(memory_metadata("/CPU:0", 5_000, lambda: 3_000.0))
+        ['memory']
+    """
+    if device_type(device) != "GPU":
+        return {"memory": "tensor sizes (TensorFlow's allocator statistics on a CPU leave out most tensors)"}
+    if peak is None:
+        return {"memory": "tensor sizes (TensorFlow kept no allocator statistics on this device)"}
+    return {"measured_peak_bytes": peak, TEMPORARY_MEMORY: max(0.0, peak - modelled()),
+            "memory": "tensor sizes; temporary_bytes: the allocator's peak over the profiled steps "
+                      "(measured_peak_bytes) beyond the modelled peak, kept free on every device"}
 
 
 # What a model's step raises when it refuses a batch: Keras' shape checks (ValueError), a layer's

@@ -245,3 +245,21 @@ def test_a_model_that_refused_a_smaller_batch_gets_no_plan_that_hands_a_device_f
     assert best.excluded == excluded and Plan.from_dict(best.to_dict()).excluded == excluded
     with pytest.raises(InvalidPlanError, match=f"batch_size={2 * graph.batch_size}. Plan for batch_size="):
         plan(refusing, "4xV100-nvlink", batch_size=2 * graph.batch_size, **settings)
+
+
+def test_the_steps_temporary_memory_is_kept_free_on_every_device():
+    from kerasflow.planner import synthetic
+    from kerasflow.planner.planning import candidate_plans
+
+    graph = synthetic.chain_mlp(layers=2)
+    limit = 2 * 2**30  # budgets of 0.9 x 2 GiB
+    settings = {"memory_limit": limit, "split": False, "tick_tock": "off", "verbose": 0}
+    plans, excluded = candidate_plans(graph, "2xK80-pcie", **settings)
+    alone = max(plans["single_device"].predicted_peak_memory.values())
+    assert "single_device" not in excluded
+    # A GPU profile measured this much more than the model's tensors: one device can no longer hold the step.
+    temporary = 0.9 * limit - alone + 1
+    with_workspace = OpGraph(graph.ops, graph.edges, batch_size=graph.batch_size, metadata={"temporary_bytes": temporary})
+    plans, excluded = candidate_plans(with_workspace, "2xK80-pcie", **settings)
+    assert "single_device" not in plans and excluded["single_device"].endswith("exceeds the budget")
+    assert all(peak + temporary <= 0.9 * limit for p in plans.values() for peak in p.predicted_peak_memory.values())

@@ -68,6 +68,23 @@ def test_coverage_and_metadata(mlp_graph):
     assert meta["device_kind"] == "CPU" and meta["batch_sizes"] == [16, 8] and meta["flavor"] == "keras3"
 
 
+def test_on_a_cpu_memory_is_the_tensors_sizes_only(mlp_graph):
+    # TensorFlow's CPU allocator statistics leave out a small step's tensors (this one's peak
+    # reads 0 bytes), so no peak is taken from them (a GPU's is: the next test).
+    _, graph = mlp_graph
+    assert "measured_peak_bytes" not in graph.metadata and "temporary_bytes" not in graph.metadata
+    assert graph.metadata["memory"] == "tensor sizes (TensorFlow's allocator statistics on a CPU leave out most tensors)"
+
+
+def test_on_a_gpu_the_peak_beyond_the_modelled_one_is_the_steps_temporary_memory():
+    from kerasflow.profiling.profiler import memory_metadata
+
+    said = memory_metadata("/GPU:1", 7 * 2**30, lambda: 5 * 2**30)
+    assert (said["measured_peak_bytes"], said["temporary_bytes"]) == (7 * 2**30, 2 * 2**30)
+    assert memory_metadata("/GPU:0", 2**30, lambda: 2.0 * 2**30)["temporary_bytes"] == 0  # the model overestimates
+    assert "measured_peak_bytes" not in memory_metadata("/GPU:0", None, lambda: 1.0)
+
+
 def test_the_plain_step_is_timed_ten_times_and_its_spread_kept_for_the_planner(mlp_graph):
     # The fixture profiles 2 steps; the plain step is timed PLAIN_RUNS times all the same.
     _, graph = mlp_graph
