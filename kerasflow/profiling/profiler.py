@@ -84,10 +84,10 @@ def first_batch(data: Any, batch_size: int | None = None) -> tuple:
     return tensors
 
 
-def half_batch(batch: tuple) -> tuple:
-    """The first half of a batch (at least one sample)."""
+def half_batch(batch: tuple, divisor: int = 2) -> tuple:
+    """The first half of a batch (``divisor``: the first 1/divisor of it), at least one sample."""
     n = int(tf.nest.flatten(batch)[0].shape[0])
-    return tf.nest.map_structure(lambda t: t[: max(1, n // 2)], batch)
+    return tf.nest.map_structure(lambda t: t[: max(1, n // divisor)], batch)
 
 
 def snapshot_variables(model, known: list | None = None) -> list[tuple[Any, np.ndarray]]:
@@ -292,9 +292,9 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
 
 
 def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps: int, steps: int,
-                          second_batch: bool = True, kernel_times: KernelTimes | None = None,
-                          say: Callable[[str], None] | None = None, quiet: bool = False,
-                          source: str = "kerasflow.profiling.profile_model") -> OpGraph:
+                          second_batch: bool = True, second_divisor: int = 2,
+                          kernel_times: KernelTimes | None = None, say: Callable[[str], None] | None = None,
+                          quiet: bool = False, source: str = "kerasflow.profiling.profile_model") -> OpGraph:
     """The one profiling sequence of kerasflow, for ``profile_model`` and for planning inside ``fit``.
 
     Traces the step at ``batch`` (and at half of it), measures per-op kernel times and the
@@ -310,6 +310,9 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
         steps: measured runs (medians).
         second_batch: also profile half the batch (costs fixed + per sample), unless the
             model refuses it (then ``metadata["refused_batch_sizes"]`` names it).
+        second_divisor: the second profile runs 1/``second_divisor`` of the batch instead of
+            half: inside ``fit``, the rows one replica of a data-parallel plan over every device
+            runs, so that the costs are measured at the batch a replica runs, not extrapolated.
         kernel_times: kernel times already profiled from ``fit``'s own steps at this batch,
             used when they cover the traced step (saves profiling it again).
         say: called with a short message at each stage.
@@ -333,9 +336,9 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
             small, refused = None, []
             if second_batch and big.batch_size > 1:
                 try:
-                    small = capture_step(model, half_batch(batch))
+                    small = capture_step(model, half_batch(batch, second_divisor))
                 except _REFUSALS as error:  # a model built for one batch size: plan it at that size
-                    refused = [_rows(half_batch(batch))]
+                    refused = [_rows(half_batch(batch, second_divisor))]
                     say(_refusal(model, refused[0], big.batch_size, error))
             # Tracing builds what the step builds (a GAN's second optimizer) before any run.
             snapshot += snapshot_variables(model, known=snapshot)
@@ -355,8 +358,8 @@ def profile_training_step(model: Any, batch: tuple, *, device: str, warmup_steps
             if small is not None:
                 say(f"profiling {steps} steps at batch {small.batch_size}")
                 try:
-                    result_small, small_runs, _ = profile_step(small, half_batch(batch), warmup_steps, steps, device,
-                                                               quiet=quiet)
+                    result_small, small_runs, _ = profile_step(small, half_batch(batch, second_divisor), warmup_steps,
+                                                               steps, device, quiet=quiet)
                     plain_small = float(np.median(small_runs))
                 except tf.errors.InvalidArgumentError as error:  # refused when run, not when traced
                     refused = [small.batch_size]

@@ -48,8 +48,11 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
     custom = _compat.has_own_train_step(model)
     say = reporter.say
     with _compat.overridden(model, "train_step", own_step):
+        # The second profile at one replica's rows: data parallelism over every device is priced
+        # at the batch its replicas run, not extrapolated from half of it.
         graph = collaborators.profiler(
             model, batch, device=options.devices[0], warmup_steps=1, steps=options.profile_steps,
+            second_divisor=max(2, len(options.devices)),
             kernel_times=kernel_times, quiet=reporter.quiet, say=lambda message: say(f"kerasflow: {message}"),
             source="kerasflow in-fit profile")
     if loop_seconds is not None:

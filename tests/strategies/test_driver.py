@@ -514,3 +514,13 @@ def test_a_plan_says_once_that_stateful_random_draws_start_again(capsys, statefu
         return
     assert len(said) == 1 and said[0].startswith(f"kerasflow: {callback.plan.algorithm}: noise draw random numbers "
                                                  "with TensorFlow's stateful random ops")
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_the_second_profile_runs_the_rows_of_one_replica(devices):
+    # Over N devices a data-parallel replica runs B/N rows: the costs are measured there (and at
+    # B), not extrapolated from B/2; over two devices that is the half batch anyway.
+    strategy, _, said = fit_mlp_under_fastt(devices=[f"/CPU:{i}" for i in range(devices)])
+    assert said == [] and strategy.profile.metadata["batch_sizes"] == [BATCH, BATCH // devices]
+    replica = next(op for op in strategy.profile.ops if op.type == "MatMul" and op.phase == "forward")
+    assert replica.output_bytes[0].fixed == pytest.approx(0.0, abs=1e-6)  # sizes exact at both batches
