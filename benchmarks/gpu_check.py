@@ -1,12 +1,17 @@
-"""The default placement, MirroredStrategy and FastTStrategy side by side on this machine's GPUs.
+"""The default placement (with and without XLA), MirroredStrategy and FastTStrategy side by side on this machine's GPUs.
 
-One table, in a few minutes: per model, each setup's median steady step time, samples/s, its
-ratio to the default placement and to MirroredStrategy, and for FastTStrategy its plan, the
-planner's predicted step time and the simulator's error. Each setup runs in its own process
-(TensorFlow fixes its devices when it starts), in alternating rounds so that drift hits all
-setups alike. Then the calibration table of ``calibration.py`` on the same models: the
-simulator's predicted step against the measured one per plan kind, so the first run on a GPU
-machine checks the cost model there.
+First the devices as kerasflow reads them (``kerasflow.devices.local_gpus``: each logical GPU's
+card, kind and memory, and how they were found) and one model's profile: its kernel coverage per
+place and its copies, written with TensorFlow's own profile of three training steps to
+``--profile-dir`` (``profile.json`` and the ``.xplane.pb``, to become a test fixture). Then one
+table: per model, each setup's median steady step time, samples/s, its ratio to the default
+placement and to MirroredStrategy, and for FastTStrategy its plan, the planner's predicted step
+time and the simulator's error. ``default`` runs without XLA (``jit_compile=False``),
+``default_xla`` with it (what Keras 3 compiles by default on a GPU host with no strategy). Each
+setup runs in its own process (TensorFlow fixes its devices when it starts), in alternating
+rounds so that drift hits all setups alike. Then the calibration table of ``calibration.py`` on
+the same models: the simulator's predicted step against the measured one per plan kind, so the
+first run on a GPU machine checks the cost model there.
 
 Devices: every GPU; a single GPU is split into two logical GPUs (``--memory-mb`` each), so
 there is something to place on. Without a GPU the same comparison runs on two logical CPUs
@@ -31,7 +36,7 @@ from _common import format_table, machine, step_durations
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ("mlp", "cnn", "resnet", "lstm", "transformer")
-SETUPS = ("default", "mirrored", "fastt")
+SETUPS = ("default", "default_xla", "mirrored", "fastt")
 
 
 def devices(memory_mb: int) -> tuple[str, list[str]]:
@@ -69,6 +74,54 @@ def build(name: str, keras):
     return model, 32
 
 
+def synthetic_data(model, batch: int, steps: int):
+    """``steps`` batches of random inputs of the model's shape and labels of 10 classes."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    spec = model.inputs[0]
+    shape = (steps * batch,) + tuple(spec.shape[1:])
+    x = rng.integers(0, 1000, shape).astype("int32") if "int" in str(spec.dtype) else rng.random(shape, dtype=np.float32)
+    return x, rng.integers(0, 10, steps * batch)
+
+
+def describe(model_name: str, memory_mb: int, directory: str) -> dict:
+    """The devices as kerasflow reads them and one model's profile on the first, written to
+    ``directory`` with TensorFlow's own profile of three training steps."""
+    import dataclasses
+    import glob
+
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    sys.path.insert(0, os.path.join(HERE, ".."))
+    _, names = devices(memory_mb)
+    import keras
+
+    from kerasflow.devices import local_gpus, wait_for_devices
+    from kerasflow.profiling import profile_model
+    from kerasflow.profiling.xplane import StepProfiler
+
+    keras.utils.set_random_seed(0)
+    model, batch = build(model_name, keras)
+    model.jit_compile = False  # per-op profiles: XLA would fuse the step
+    x, y = synthetic_data(model, batch, 4)
+    graph = profile_model(model, (x, y), batch_size=batch, device=names[0], verbose=0)
+    os.makedirs(directory, exist_ok=True)
+    graph.save(os.path.join(directory, "profile.json"))
+    profiler = StepProfiler(logdir=os.path.join(directory, "xplane"), quiet=True)
+    profiler.start()
+    for step in range(3):
+        with profiler.step(step):
+            model.train_on_batch(x[:batch], y[:batch])
+            wait_for_devices()
+    profiler.stop()
+    meta = graph.metadata
+    return {"gpus": [dataclasses.asdict(gpu) for gpu in local_gpus()], "devices": names, "model": model_name,
+            "coverage": meta["coverage"], "coverage_by_place": meta.get("coverage_by_place", {}),
+            "copies_per_step": meta.get("copies_per_step", []), "memory": meta.get("memory"),
+            "written": [os.path.join(directory, "profile.json")]
+            + sorted(glob.glob(os.path.join(directory, "xplane", "**", "*.xplane.pb"), recursive=True))}
+
+
 def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
     """One setup on one model, in this process: the measured figures as a dict."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -80,7 +133,7 @@ def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
 
     import kerasflow
 
-    if setup == "default":
+    if setup.startswith("default"):
         strategy = tf.distribute.get_strategy()  # plain Keras: TensorFlow places the step on the first device
     elif setup == "mirrored":
         strategy = tf.distribute.MirroredStrategy(names)
@@ -90,11 +143,9 @@ def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model, batch = build(model_name, keras)
-    rng = np.random.default_rng(0)
-    spec = model.inputs[0]
-    shape = (steps * batch,) + tuple(spec.shape[1:])
-    x = rng.integers(0, 1000, shape).astype("int32") if "int" in str(spec.dtype) else rng.random(shape, dtype=np.float32)
-    y = rng.integers(0, 10, steps * batch)
+    if setup.startswith("default"):  # "auto" is XLA on a GPU host without a strategy: both, said
+        model.jit_compile = setup == "default_xla"
+    x, y = synthetic_data(model, batch, steps)
     durations = step_durations(model, x, y, batch)
     result = {"setup": setup, "model": model_name, "batch": batch, "kind": kind, "devices": len(names)}
     if setup == "fastt":
@@ -110,6 +161,22 @@ def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
         steady = durations[5:]
     result["step"] = float(np.median(steady))
     return result
+
+
+def describe_lines(described: dict) -> str:
+    """The devices and the first model's profile, as lines."""
+    lines = [f"Devices: {', '.join(described['devices'])}"]
+    for gpu in described["gpus"]:
+        lines.append(f"  {gpu['name']}: {gpu['kind']}, {gpu['memory'] / 2**30:.1f} GiB, card {gpu['card']} "
+                     f"({gpu['found']})")
+    places = ", ".join(f"{place} {share:.1%}" for place, share in sorted(described["coverage_by_place"].items()))
+    lines.append(f"Profile of {described['model']}: kernel coverage {described['coverage']:.1%} ({places}); "
+                 f"memory: {described['memory']}")
+    for copy in described["copies_per_step"]:
+        lines.append(f"  copies {copy['source']} -> {copy['destination']}: {copy['bytes']:,.0f} B, "
+                     f"{copy['seconds'] * 1e6:.1f} us a step")
+    lines.append("Written: " + ", ".join(described["written"]))
+    return "\n".join(lines) + "\n"
 
 
 def table(results: dict, models: list[str], rounds: int, steps: int) -> str:
@@ -146,12 +213,25 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting new rounds after this")
     parser.add_argument("--calibration-rounds", type=int, default=3,
                         help="rounds of the calibration table after the comparison (0: none)")
-    parser.add_argument("--worker", nargs=2, metavar=("SETUP", "MODEL"))
+    parser.add_argument("--profile-dir", default="gpu_check_profile",
+                        help="where the first model's profile.json and TensorFlow's .xplane.pb are written")
+    parser.add_argument("--worker", nargs=2, metavar=("SETUP", "MODEL"), help=argparse.SUPPRESS)
+    parser.add_argument("--describe", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print("RESULT " + json.dumps(worker(args.worker[0], args.worker[1], args.steps, args.memory_mb)))
         return 0
+    if args.describe:
+        print("RESULT " + json.dumps(describe(args.describe, args.memory_mb, args.profile_dir)))
+        return 0
     started, results, done = time.perf_counter(), {}, 0
+    out = subprocess.run([sys.executable, __file__, "--describe", args.models[0], "--memory-mb", str(args.memory_mb),
+                          "--profile-dir", os.path.abspath(args.profile_dir)], capture_output=True, text=True, cwd=HERE)
+    line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if line is None:
+        print(f"describing the devices failed:\n{out.stderr[-3000:]}", file=sys.stderr)
+        return 1
+    print(describe_lines(json.loads(line[7:])), flush=True)
     for _ in range(args.rounds):
         if done and time.perf_counter() - started > args.budget_s:
             break
