@@ -27,8 +27,8 @@ def test_a_complete_plan_round_trips_byte_identically(tmp_path):
                 splits={"N": [Shard("/D:0", 0.25), Shard("/D:1", 0.75)]},
                 waves=Waves(2, "forward", ({}, {"/D:0": "/D:1", "/D:1": "/D:0"})),
                 batch_size=4, predicted_step_time=1.5, predicted_peak_memory={"/D:0": 10.0},
-                candidates={"single_device": 2.0}, graph_fingerprint="abc", cluster="test2",
-                algorithm="hand")
+                candidates={"single_device": 2.0}, excluded={"data_parallel": "hands a device fewer rows"},
+                graph_fingerprint="abc", cluster="test2", algorithm="hand")
     plan.save(tmp_path / "plan.json")
     loaded = Plan.load(tmp_path / "plan.json")
     assert loaded == plan
@@ -94,6 +94,8 @@ def test_a_layer_that_couples_the_batch_cannot_be_split():
     (lambda: Plan(placement={"a": "/D:0"}, data_parallel=DataParallel(("/D:0",))), "leave placement"),
     (lambda: Plan(batch_size=0), "batch_size"),
     (lambda: Plan(order={"/D:0": "abc"}), "list of task names"),
+    (lambda: Plan(excluded={"heft": 3.0}), "'excluded' must map candidate names to reasons"),
+    (lambda: Plan(excluded=["heft"]), "'excluded' must be a mapping"),
 ])
 def test_malformed_plans_raise_at_construction(build, message):
     with pytest.raises(InvalidPlanError, match=message):
