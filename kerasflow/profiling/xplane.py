@@ -199,7 +199,8 @@ def parse_xspace(path: str, lanes: int | None = None) -> KernelTimes:
         space.ParseFromString(handle.read())
     steps: list[tuple[int, int]] = []
     host: list[tuple[int, str, str, int]] = []
-    kernels: list[tuple[int, str, str, int, str]] = []  # (begin, node or kernel name, type, duration, device)
+    # (begin, node, type, duration, device); a kernel no op claims: (begin, kernel name, None, duration, device)
+    kernels: list[tuple[int, str, str | None, int, str]] = []
     copies: list[tuple[int, str | None, str, str, int, int]] = []  # (begin, node, source, destination, bytes, ps)
     for plane in space.planes:
         on_device = plane.name.startswith("/device:")
@@ -223,18 +224,15 @@ def parse_xspace(path: str, lanes: int | None = None) -> KernelTimes:
                     if match:
                         host.append((begin, match.group(1), match.group(2), event.duration_ps))
                     continue
-                label = _op_label(stats)
+                match = _KERNEL.match(_op_label(stats) or "")
                 what = stream.group("what") or ""
                 if what in _COPY_LINES or "memcpy_details" in stats:
                     source, destination, size = _copy_ends(plane.name, what, stats.get("memcpy_details", ""))
-                    node = _KERNEL.match(label).group(1) if label and _KERNEL.match(label) else None
-                    copies.append((begin, node, source, destination, size, event.duration_ps))
-                    continue
-                match = _KERNEL.match(label) if label else None
-                if match:
+                    copies.append((begin, match and match.group(1), source, destination, size, event.duration_ps))
+                elif match:
                     kernels.append((begin, match.group(1), match.group(2), event.duration_ps, plane.name))
                 else:
-                    kernels.append((begin, name, "", event.duration_ps, plane.name + "?"))
+                    kernels.append((begin, name, None, event.duration_ps, plane.name))
     return _by_step(steps, host, kernels, copies, lanes)
 
 
@@ -293,7 +291,7 @@ def _by_step(steps, host, kernels, copies, lanes) -> KernelTimes:
     def device_step(begin: int) -> int:
         return bisect.bisect_right(starts, begin) - 1 if steps else 0
 
-    on_device = {node for _, node, kind, _, _ in kernels if kind}
+    on_device = {node for _, node, kind, _, _ in kernels if kind is not None}
     host = [e for e in host if e[1] not in on_device]
     if lanes is not None:
         host = [(b, node, kind, seconds) for (b, node, kind, _), seconds in zip(host, shared_seconds(host, lanes))]
@@ -301,8 +299,8 @@ def _by_step(steps, host, kernels, copies, lanes) -> KernelTimes:
         step = host_step(begin) if place == HOST else device_step(begin)
         if step < 0:
             continue
-        if place.endswith("?"):  # a kernel no op claims
-            row = times.unclaimed.setdefault(place[:-1], {}).setdefault(node, [0.0] * times.steps)
+        if kind is None:  # a kernel no op claims
+            row = times.unclaimed.setdefault(place, {}).setdefault(node, [0.0] * times.steps)
         else:
             row = times.per_step.setdefault(node, [0.0] * times.steps)
             times.types[node], times.places[node] = kind, place
