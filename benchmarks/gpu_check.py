@@ -2,12 +2,17 @@
 
 First the devices as kerasflow reads them (``kerasflow.devices.local_gpus``: each logical GPU's
 card, kind and memory, and how they were found) and one model's profile: its kernel coverage per
-place and its copies, written with TensorFlow's own profile of three training steps to
+place, its copies, and memory: the allocator's measured peak (GPUs) beside the modelled one, and
+the Tick-Tock plan's predicted peak per device against the budget the planner gives it (device
+memory less headroom and the measured temporary memory), written with TensorFlow's own profile of three training steps to
 ``--profile-dir`` (``profile.json`` and the ``.xplane.pb``, to become a test fixture). Then one
 table: per model, each setup's median steady step time, samples/s, its ratio to the default
 placement and to MirroredStrategy, and for FastTStrategy its plan, the planner's predicted step
 time and the simulator's error. ``default`` runs without XLA (``jit_compile=False``),
-``default_xla`` with it (what Keras 3 compiles by default on a GPU host with no strategy). Each
+``default_xla`` with it (what Keras 3 compiles by default on a GPU host with no strategy);
+``fastt_callback`` is that XLA-compiled ``fit`` with ``kerasflow.callbacks.FastT()`` added, which
+times the XLA step in warm-up and keeps it unless a plan beats it (on CPUs the model is compiled
+with ``jit_compile=True``, as "auto" would on a GPU host). Each
 setup runs in its own process (TensorFlow fixes its devices when it starts), in alternating
 rounds so that drift hits all setups alike. Then the calibration table of ``calibration.py`` on
 the same models: the simulator's predicted step against the measured one per plan kind, so the
@@ -36,7 +41,8 @@ from _common import format_table, machine, step_durations
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ("mlp", "cnn", "resnet", "lstm", "transformer")
-SETUPS = ("default", "default_xla", "mirrored", "fastt")
+SETUPS = ("default", "default_xla", "mirrored", "fastt", "fastt_callback")
+TICK_TOCK = "tick_tock_data_parallel"
 
 
 def devices(memory_mb: int) -> tuple[str, list[str]]:
@@ -102,9 +108,8 @@ def describe(model_name: str, memory_mb: int, directory: str) -> dict:
 
     keras.utils.set_random_seed(0)
     model, batch = build(model_name, keras)
-    model.jit_compile = False  # per-op profiles: XLA would fuse the step
     x, y = synthetic_data(model, batch, 4)
-    graph = profile_model(model, (x, y), batch_size=batch, device=names[0], verbose=0)
+    graph = profile_model(model, (x, y), batch_size=batch, device=names[0], verbose=0)  # without XLA, said
     os.makedirs(directory, exist_ok=True)
     graph.save(os.path.join(directory, "profile.json"))
     profiler = StepProfiler(logdir=os.path.join(directory, "xplane"), quiet=True)
@@ -118,8 +123,30 @@ def describe(model_name: str, memory_mb: int, directory: str) -> dict:
     return {"gpus": [dataclasses.asdict(gpu) for gpu in local_gpus()], "devices": names, "model": model_name,
             "coverage": meta["coverage"], "coverage_by_place": meta.get("coverage_by_place", {}),
             "copies_per_step": meta.get("copies_per_step", []), "memory": meta.get("memory"),
+            "tick_tock": tick_tock_memory(graph, names),
             "written": [os.path.join(directory, "profile.json")]
             + sorted(glob.glob(os.path.join(directory, "xplane", "**", "*.xplane.pb"), recursive=True))}
+
+
+def tick_tock_memory(graph, names: list[str]) -> dict:
+    """Memory as the planner sees it for Tick-Tock on these devices: the default step's modelled
+    peak beside the allocator's measured one (GPUs only), each device's budget, and the Tick-Tock
+    plan's predicted peak per device (or why it was left out)."""
+    from kerasflow.planner import ranked_plans, simulate
+    from kerasflow.planner.baselines import default_placement
+    from kerasflow.planner.graphtables import temporary_bytes
+    from kerasflow.planner.listschedule import memory_budgets
+    from kerasflow.profiling.links import cluster_of
+
+    cluster = cluster_of(names)
+    modelled = simulate(graph, cluster, default_placement(graph, cluster)).peak_memory[names[0]]
+    plans = ranked_plans(graph, cluster, tick_tock="on", split=False)
+    tick = next((p for p in plans if p.algorithm == TICK_TOCK), None)
+    budgets = memory_budgets(cluster, reserved=temporary_bytes(graph))
+    return {"measured_peak": graph.metadata.get("measured_peak_bytes"), "modelled_peak": modelled,
+            "reserved": temporary_bytes(graph), "budgets": dict(zip(cluster.device_names, budgets)),
+            "plan": TICK_TOCK, "predicted_peaks": dict(tick.predicted_peak_memory) if tick else {},
+            "excluded": None if tick else plans[0].excluded.get(TICK_TOCK, "not among the candidates")}
 
 
 def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
@@ -133,7 +160,7 @@ def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
 
     import kerasflow
 
-    if setup.startswith("default"):
+    if setup.startswith("default") or setup == "fastt_callback":
         strategy = tf.distribute.get_strategy()  # plain Keras: TensorFlow places the step on the first device
     elif setup == "mirrored":
         strategy = tf.distribute.MirroredStrategy(names)
@@ -145,10 +172,23 @@ def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
         model, batch = build(model_name, keras)
     if setup.startswith("default"):  # "auto" is XLA on a GPU host without a strategy: both, said
         model.jit_compile = setup == "default_xla"
+    callbacks = []
+    if setup == "fastt_callback":
+        model.jit_compile = True  # what "auto" resolved to on a GPU host; set on CPUs to take the same path
+        callbacks = [kerasflow.callbacks.FastT(devices=names, verbose=0)]
     x, y = synthetic_data(model, batch, steps)
-    durations = step_durations(model, x, y, batch)
+    durations = step_durations(model, x, y, batch, callbacks)
     result = {"setup": setup, "model": model_name, "batch": batch, "kind": kind, "devices": len(names)}
-    if setup == "fastt":
+    if setup == "fastt_callback":
+        report = callbacks[0].report
+        result["xla_step"] = report.xla_step_time
+        result["predicted"] = report.predicted_step_time if callbacks[0].plan_in_force else None
+        result["algorithm"] = callbacks[0].plan.algorithm if callbacks[0].plan_in_force else (
+            "default with XLA (kept)" if report.algorithm == "default_placement" else
+            "default with XLA (dropped as slower)" if "plan_dropped" in report else "default with XLA (fell back)")
+        settled = report.settled_step or (callbacks[0].driver.xla.steps + strategy_free_warmup(callbacks[0]))
+        steady = durations[settled:] if len(durations) - settled >= 3 else durations[-3:]
+    elif setup == "fastt":
         first_planned = strategy.options.warmup_steps + strategy.options.profile_steps
         steady = durations[first_planned + 3:]
         kept = strategy.report.get("algorithm") == "default_placement"  # the planner kept it: nothing tried
@@ -163,6 +203,11 @@ def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
     return result
 
 
+def strategy_free_warmup(callback) -> int:
+    """The callback's steps before its plan, after the XLA ones: warm-up and profiled steps."""
+    return callback.options.warmup_steps + callback.options.profile_steps
+
+
 def describe_lines(described: dict) -> str:
     """The devices and the first model's profile, as lines."""
     lines = [f"Devices: {', '.join(described['devices'])}"]
@@ -172,6 +217,19 @@ def describe_lines(described: dict) -> str:
     places = ", ".join(f"{place} {share:.1%}" for place, share in sorted(described["coverage_by_place"].items()))
     lines.append(f"Profile of {described['model']}: kernel coverage {described['coverage']:.1%} ({places}); "
                  f"memory: {described['memory']}")
+    tick = described["tick_tock"]
+    measured = f"{tick['measured_peak'] / 2**20:,.1f} MiB" if tick["measured_peak"] is not None else \
+        "not measured (a CPU's allocator statistics leave out most tensors)"
+    lines.append(f"Memory of the default step: modelled peak {tick['modelled_peak'] / 2**20:,.1f} MiB, measured peak "
+                 f"{measured}; kept free on every device for temporaries: {tick['reserved'] / 2**20:,.1f} MiB")
+    if tick["excluded"]:
+        lines.append(f"Tick-Tock: left out ({tick['excluded']})")
+    else:
+        for device, budget in tick["budgets"].items():
+            peak = tick["predicted_peaks"].get(device)
+            within = "" if peak is None else f"predicted peak {peak / 2**20:,.1f} MiB, " + (
+                "within" if peak <= budget else "OVER")
+            lines.append(f"Tick-Tock ({tick['plan']}) on {device}: {within} budget {budget / 2**20:,.1f} MiB")
     for copy in described["copies_per_step"]:
         lines.append(f"  copies {copy['source']} -> {copy['destination']}: {copy['bytes']:,.0f} B, "
                      f"{copy['seconds'] * 1e6:.1f} us a step")
@@ -188,8 +246,10 @@ def table(results: dict, models: list[str], rounds: int, steps: int) -> str:
         for setup in SETUPS:
             runs = results[(model, setup)]
             plan = predicted = error = ""
-            if setup == "fastt":
+            if setup in ("fastt", "fastt_callback"):
                 plan = runs[-1]["algorithm"]
+                if runs[-1].get("xla_step"):
+                    plan += f"; XLA step {runs[-1]['xla_step'] * 1e3:.2f} ms"
                 figures = [r["predicted"] for r in runs if r["predicted"]]
                 if figures:
                     predicted = f"{statistics.median(figures) * 1e3:.2f}"
@@ -210,8 +270,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--memory-mb", type=int, default=4096, help="per logical GPU when one GPU is split")
-    parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting new rounds after this")
-    parser.add_argument("--calibration-rounds", type=int, default=3,
+    parser.add_argument("--budget-s", type=float, default=420.0,
+                        help="start no new round, nor the calibration table, after this many seconds")
+    parser.add_argument("--calibration-rounds", type=int, default=1,
                         help="rounds of the calibration table after the comparison (0: none)")
     parser.add_argument("--profile-dir", default="gpu_check_profile",
                         help="where the first model's profile.json and TensorFlow's .xplane.pb are written")
@@ -248,7 +309,10 @@ def main() -> int:
         done += 1
     print()
     print(table(results, args.models, done, args.steps))
-    if args.calibration_rounds:
+    if args.calibration_rounds and time.perf_counter() - started > args.budget_s:
+        print(f"\nThe calibration table is left out: the {args.budget_s:.0f}-second budget is spent. Run "
+              f"python benchmarks/calibration.py --models {' '.join(args.models)} for it.")
+    elif args.calibration_rounds:
         print("\nThe simulator on this machine (benchmarks/calibration.py):", flush=True)
         import calibration
 

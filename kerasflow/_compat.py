@@ -196,12 +196,20 @@ def uses_jit(model: Any) -> bool:
     return bool(value) and value != "auto"
 
 
-def disable_jit(model: Any) -> None:
-    """Turns XLA off for the model's step (XLA erases per-op placement and profiles)."""
+def set_jit(model: Any, on: bool) -> None:
+    """Compiles the model's next train function with XLA (``on``) or without; the function Keras
+    made already is unchanged."""
     if flavor(model) == "keras3":
-        model.jit_compile = False
+        model.jit_compile = on
     else:
-        model._jit_compile = False
+        model._jit_compile = on
+
+
+def xla_by_default(model: Any, gpus: list) -> bool:
+    """True when Keras would compile ``model``'s step with XLA by itself: Keras 3 resolves
+    ``jit_compile="auto"`` to XLA on a host with a GPU (``gpus``, as ``devices.local_gpus()``)
+    unless a ``tf.distribute`` strategy is in use; tf-keras never does."""
+    return flavor(model) == "keras3" and bool(gpus)
 
 
 def is_compiled(model: Any) -> bool:

@@ -109,6 +109,18 @@ def test_profile_a_saved_model(tmp_path, capsys):
                  "-o", "x.json"]) == 2
 
 
+def test_profile_a_saved_model_compiled_with_xla(tmp_path):
+    import keras
+
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, name="out")])
+    model.compile(optimizer="sgd", loss="mse", jit_compile=True)  # as saved on a GPU host with "auto"
+    model.save(tmp_path / "model.keras")
+    with pytest.warns(UserWarning, match="is profiled without XLA"):
+        assert main(["profile", str(tmp_path / "model.keras"), "--batch-size", "8", "--steps", "1",
+                     "-o", str(tmp_path / "profile.json")]) == 0
+    assert (tmp_path / "profile.json").exists()
+
+
 def test_plan_summary_on_a_known_plan():
     from kerasflow.planner import OpGraph, Shard, Waves
     from tests.planner.helpers import cluster, op

@@ -55,6 +55,8 @@ SPLIT_NORMALIZATION_TEST = (
     "tests/strategies/test_every_path.py::test_every_output_equals_plain_keras[bn_cnn-normalization_split-strategy]",)
 # GPU profiles read from hand-built XSpace protos.
 XPLANE_TESTS = ("tests/profiling/test_xplane.py",)
+# The callback door's step compiled with XLA: the default placement every plan is judged against.
+XLA_TESTS = ("tests/strategies/test_xla.py",)
 # A model whose layer draws unseeded random numbers (Keras' global seed generator), trained as plain Keras is.
 GLOBAL_SEED_TEST = (
     "tests/compat/test_tutorial_models.py::test_pattern_trains_like_plain_keras_in_the_default_configuration"
@@ -177,7 +179,7 @@ MUTATIONS = [
              '    scaled = "" if not same_kind(best, plan) else (', '    scaled = "" if same_kind(best, plan) else (',
              VERDICT_TESTS),
     Mutation("the verdict at fit's end tries a runner-up", "kerasflow/strategies/trial.py",
-             "schedule.rounds_done, [] if final else self.runners_up)", "schedule.rounds_done, self.runners_up)",
+             "schedule.rounds_done, [] if final else self.runners_up,", "schedule.rounds_done, self.runners_up,",
              VERDICT_TESTS),
     Mutation("options take warmup_steps=1", "kerasflow/strategies/options.py",
              '    "warmup_steps": _parse_int(2),', '    "warmup_steps": _parse_int(1),',
@@ -290,6 +292,14 @@ MUTATIONS = [
     Mutation("the step's temporary memory is left on the devices' budgets", "kerasflow/planner/listschedule.py",
              "        budgets.append(max(memory * (1.0 - headroom) - reserved, 0.0))",
              "        budgets.append(max(memory * (1.0 - headroom), 0.0))"),
+    Mutation("a plan predicted slower than the XLA step is tried anyway", "kerasflow/strategies/xla_step.py",
+             "        return self.seconds is None or predicted_step < self.seconds + (loop_seconds or 0.0)",
+             "        return True", XLA_TESTS),
+    Mutation("the trial times the default placement without XLA", "kerasflow/strategies/xla_step.py",
+             "        self.restore()\n        try:", "        try:", XLA_TESTS),
+    Mutation("XLA stays off when the plan is dropped", "kerasflow/strategies/driver.py",
+             "            self.xla.restore()  # Keras' train function, made anew below or by the trial, compiles with XLA",
+             "            pass", XLA_TESTS),
 ]
 
 

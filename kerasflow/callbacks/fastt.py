@@ -10,8 +10,7 @@ import keras
 from kerasflow.planner import Cluster, Plan
 from kerasflow.planner.errors import KerasflowError
 from kerasflow.strategies.collaborators import Collaborators
-from kerasflow.strategies.driver import Driver, Phase
-from kerasflow.strategies.guarded import GuardedTrainFunction
+from kerasflow.strategies.driver import Driver
 from kerasflow.strategies.options import Options
 from kerasflow.strategies.plan_report import PlanReport
 
@@ -28,6 +27,11 @@ class FastT(keras.callbacks.Callback):
     devices (Keras 3). Works next to ModelCheckpoint, EarlyStopping, TensorBoard, CSVLogger
     and BackupAndRestore. One callback serves one model; a later ``fit`` of the same model
     with the same callback keeps its plan.
+
+    A step the model compiles with XLA (``jit_compile=True``, what Keras 3's ``"auto"`` gives
+    on a GPU host) runs as compiled for its first steps and is timed (``report.xla_step_time``):
+    kerasflow profiles and plans without XLA, and keeps the default placement with XLA unless
+    a plan is predicted, then measured, faster than that step.
 
     Args: as for ``FastTStrategy`` (``devices``, ``cluster``, ``plan``, ``warmup_steps``,
         ``profile_steps``, ``split``, ``tick_tock``, ``replicated``, ``memory_limit``, ``log_dir``,
@@ -73,7 +77,7 @@ class FastT(keras.callbacks.Callback):
                                      replicated=replicated, memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
                                      on_mismatch=on_mismatch, drop_slower_plan=drop_slower_plan)
         self.collaborators = collaborators or Collaborators()
-        self.driver = Driver(self.options, collaborators=self.collaborators)
+        self.driver = Driver(self.options, collaborators=self.collaborators, keeps_xla=True)
 
     @property
     def plan(self) -> Plan | None:
@@ -106,15 +110,12 @@ class FastT(keras.callbacks.Callback):
         driver = self.driver
         if driver.model is not None and driver.model is not self.model:
             driver.detach()  # the callback was given to another model's fit
-            self.driver = driver = Driver(self.options, collaborators=self.collaborators)
+            self.driver = driver = Driver(self.options, collaborators=self.collaborators, keeps_xla=True)
         try:
             if driver.model is None:
                 driver.step = 0
                 driver.attach(self.model, verbose=(self.params or {}).get("verbose"))
-            if driver.in_force and not isinstance(self.model.train_function, GuardedTrainFunction):
-                driver.rebuild()  # a later fit whose train function Keras made anew: the plan applies again
-            elif driver.phase in (Phase.WARMING_UP, Phase.PROFILING):
-                self.model.make_train_function(force=True)
+            driver.begin_fit()
         except Exception as error:  # noqa: BLE001 - never lose the user's training
             driver.fail("attaching", error)
 

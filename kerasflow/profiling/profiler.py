@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import re
 import time
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -44,7 +45,8 @@ PLAIN_RUNS = 10
 
 
 def check_model(model: Any) -> None:
-    """Raises ``ProfilingError`` unless ``model`` is a compiled Keras model without XLA."""
+    """Raises ``ProfilingError`` unless ``model`` is a compiled Keras model; warns once that a step
+    compiled with XLA is profiled without it."""
     if not _compat.is_keras_model(model):
         raise ProfilingError(f"profile_model takes a Keras model (keras.Model or tf_keras.Model); "
                              f"received {type(model).__name__}.")
@@ -53,9 +55,12 @@ def check_model(model: Any) -> None:
             f"Model {model.name!r} is not compiled: call model.compile(optimizer=..., loss=...) before "
             "profiling, so the training step (loss, gradients, optimizer update) exists.")
     if _compat.uses_jit(model):
-        raise ProfilingError(
-            f"Model {model.name!r} is compiled with jit_compile=True. XLA fuses the whole step into a few "
-            "clusters, which erases per-op placement and per-op profiles; compile with jit_compile=False.")
+        warnings.warn(
+            f"kerasflow: model {model.name!r} compiles its step with XLA (jit_compile=True, which Keras' "
+            "jit_compile='auto' picks on a GPU host without a tf.distribute strategy); it is profiled without XLA, "
+            "which fuses the step into a few clusters and so erases per-op placement and per-op profiles. The costs "
+            "are of the step without XLA; the model is unchanged. kerasflow.callbacks.FastT judges a plan against "
+            "the step with XLA inside fit.", UserWarning, stacklevel=3)
 
 
 def first_batch(data: Any, batch_size: int | None = None) -> tuple:
@@ -234,7 +239,8 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
     """Profiles one training step of ``model`` and returns it as an ``OpGraph``.
 
     Args:
-        model: a compiled Keras 3 or tf-keras model (Sequential, Functional or subclassed).
+        model: a compiled Keras 3 or tf-keras model (Sequential, Functional or subclassed); a
+            step it compiles with XLA is profiled without XLA, with one warning.
         data: ``(x, y)``, ``(x, y, sample_weight)`` (arrays or tensors) or a
             ``tf.data.Dataset`` of batches, as for ``fit``.
         batch_size: the batch to profile (default: the dataset's batch, or 32).
@@ -259,7 +265,7 @@ def profile_model(model: Any, data: Any, *, batch_size: int | None = None, warmu
         obtained.
 
     Raises:
-        ProfilingError: the model is not compiled, uses XLA, or the data does not fit it
+        ProfilingError: the model is not compiled, or the data does not fit it
             (the message names the batch kerasflow made from it).
 
     Example:

@@ -10,7 +10,9 @@ Phases and the only transitions between them (``TRANSITIONS``)::
 
 ``WARMING_UP``: steps on the default placement (tracing and graph optimisation happen there),
 recording a real batch (``RecordedInputs``); a plan given up front is checked and applied after
-step 0. ``PROFILING``: fit's own steps under TensorFlow's profiler, then the collaborators'
+step 0. Through the callback door a step the model compiles with XLA runs as compiled for its
+first ``XlaStep.steps`` and is timed (``XlaStep``): every plan is judged against it, and XLA is on
+again whenever the default placement is kept or taken back. ``PROFILING``: fit's own steps under TensorFlow's profiler, then the collaborators'
 profiler and planner make the plan. ``TRIAL``: the plan is in force and timed beside the default
 placement (``Trial``); its verdict keeps it (``PLANNED``), tries the runner-up once, or drops it.
 ``DEFAULT``: the planner kept the default placement (nothing was applied: no trial, no retrace),
@@ -33,7 +35,9 @@ import tensorflow as tf
 
 from kerasflow import _compat
 from kerasflow.planner import OpGraph, Plan
-from kerasflow.planner.baselines import DEFAULT_PLACEMENT, best_other_than_the_default
+from kerasflow.devices import local_gpus
+from kerasflow.planner.baselines import DEFAULT_PLACEMENT, best_other_than_the_default, default_placement
+from kerasflow.planner.simulator import step_overhead
 from kerasflow.planner.errors import InvalidPlanError
 from kerasflow.strategies.guarded import GuardedTrainFunction
 from kerasflow.strategies.collaborators import Collaborators
@@ -49,6 +53,7 @@ from kerasflow.strategies.retreat import Retreat, describe, state_lost
 from kerasflow.strategies.steps import PlannedStep
 from kerasflow.strategies.trial import Trial
 from kerasflow.strategies.verdict import needs_confirmation
+from kerasflow.strategies.xla_step import XlaStep
 
 __all__ = ["Driver", "Phase"]
 
@@ -83,11 +88,17 @@ class Driver:
         collaborators: the profiler, planner and stopwatch (``Collaborators``).
         creating: the strategy's factory ``f(device)`` letting a variable be made off its
             device (None for the callback).
+        keeps_xla: the door leaves a step the model compiles with XLA as it is until profiling
+            and judges plans against it (the callback: the model's step is Keras' own; under the
+            strategy's scope Keras compiles without XLA, and an explicit ``jit_compile=True`` is
+            turned off).
     """
 
     def __init__(self, options: Options, *, collaborators: Collaborators = Collaborators(),
-                 creating: Callable | None = None):
+                 creating: Callable | None = None, keeps_xla: bool = False):
         self.options, self.collaborators, self.creating = options, collaborators, creating
+        self.keeps_xla = keeps_xla
+        self.xla: XlaStep | None = None  # the model's own step compiled with XLA (keeps_xla)
         self.reporter = Reporter(options.verbose)
         self.report = PlanReport()
         self.phase = Phase.WARMING_UP
@@ -117,10 +128,42 @@ class Driver:
         self.model = model
         if self.options.verbose == "auto" and verbose is not None:
             self.reporter.verbose = 0 if verbose in (0, False) else verbose
+        self._take_xla(model)
         self.reporter.attached(model, self.options)
         step = model.train_step
         self.own_step = step.original if isinstance(step, PlannedStep) else step
-        self._install()
+        if not self._timing_xla:  # an XLA-compiled step cannot record its batches (a py_function)
+            self._install()
+
+    def _take_xla(self, model) -> None:
+        """A step compiled with XLA is timed first (``keeps_xla``) or turned off; on a GPU host the
+        strategy's step runs without XLA, and that is said once."""
+        if not _compat.uses_jit(model):
+            if not self.keeps_xla and _compat.xla_by_default(model, local_gpus()):
+                self.reporter.xla_off_under_strategy()
+            return
+        if self.keeps_xla:
+            self.xla = XlaStep(model, stopwatch=self.collaborators.stopwatch, timed=self.options.plan is None)
+        if self._timing_xla:
+            self.reporter.xla_timed(self.xla.steps, self.xla.steps - 1)
+            return
+        _compat.set_jit(model, False)
+        model.make_train_function(force=True)
+        self.reporter.xla_turned_off()
+
+    @property
+    def _timing_xla(self) -> bool:
+        return self.xla is not None and self.xla.timed and self.step < self.xla.steps
+
+    def begin_fit(self) -> None:
+        """A ``fit`` starts (the callback door, after Keras made its train function): the train
+        function runs what the phase needs."""
+        if self.in_force and not isinstance(self.model.train_function, GuardedTrainFunction):
+            self.rebuild()  # a later fit whose train function Keras made anew: the plan applies again
+        elif self._timing_xla:
+            self.xla.time_calls()
+        elif self.phase in (Phase.WARMING_UP, Phase.PROFILING):
+            self.model.make_train_function(force=True)
 
     def detach(self) -> None:
         """Gives the model back its own ``train_step``."""
@@ -133,7 +176,7 @@ class Driver:
         """Before each call of the train function: starts profiling, or recording the placement."""
         try:
             if self.phase is Phase.WARMING_UP and self.options.plan is None and \
-                    self.step == self.options.warmup_steps:
+                    self.step == self.options.warmup_steps + (self.xla.steps if self.xla else 0):
                 self._go(Phase.PROFILING)
                 self.profiled = ProfiledSteps(quiet=self.reporter.quiet)
             if self.phase is Phase.PROFILING:
@@ -150,6 +193,11 @@ class Driver:
         try:
             if self.profiled is not None:
                 self.profiled.leave()
+            if self.phase is Phase.WARMING_UP and self._timing_xla and self.step == self.xla.steps - 1:
+                stage = "turning XLA off"  # the XLA step was timed: warm-up, profile and plan go without it
+                self.xla.turn_off()
+                self._install()
+                self.model.make_train_function(force=True)
             stage = "reading the placement back"
             if self.in_force and self.placement.after_step(self.in_force_parts.applier):
                 self.trial.start_timing()
@@ -161,6 +209,8 @@ class Driver:
                 plan, trial = self._plan()
                 if plan.algorithm == DEFAULT_PLACEMENT:
                     self._keep_default(plan)
+                elif self.xla is not None and not self.xla.beaten_by(plan.predicted_step_time, step_overhead(self.graph)):
+                    self._keep_for_xla(plan)
                 else:
                     stage = "rebuilding the step with the plan"
                     self._switch(plan, trial)
@@ -191,7 +241,10 @@ class Driver:
             loop_seconds=self.loop.seconds(_compat.steps_per_call(self.model)))
         # Trusted as far as the kinds it runs on were calibrated (a multi-host plan names remote devices).
         kinds = {cluster.device(d).kind for d in plan.devices() if d in cluster.device_names} or set(cluster.kinds())
-        confirm = self.options.drop_slower_plan and needs_confirmation(plan, kinds)
+        xla = self.xla.seconds if self.xla is not None else None
+        self.report.xla_step_time = xla
+        # The simulator never priced an XLA-compiled step: a plan is always timed beside it.
+        confirm = self.options.drop_slower_plan and (xla is not None or needs_confirmation(plan, kinds))
         if plan.algorithm != DEFAULT_PLACEMENT:
             if self.options.drop_slower_plan and not confirm:
                 gain = plan.candidates[DEFAULT_PLACEMENT] / plan.predicted_step_time
@@ -199,12 +252,14 @@ class Driver:
                                   "beyond the simulator's measured error: it is not timed beside it")
             self.reporter.say("kerasflow: rebuilding the training step with the plan")
         return plan, Trial(self.model, stopwatch=self.collaborators.stopwatch, runners_up=others,
-                           against_default=confirm, unplanned=self._unplanned)
+                           against_default=confirm, unplanned=self._unplanned,
+                           compiling=self.xla.compiled if xla is not None else None,
+                           default_name="the default placement with XLA" if xla is not None else "the default placement")
 
     def _keep_default(self, plan: Plan) -> None:
         """The planner predicts no plan enough faster (``plan`` is its default placement): nothing is
-        applied, timed or retraced; the step traced for profiling runs on (its recording of batches
-        stops), later traces are Keras' own."""
+        applied or timed; the step traced for profiling runs on (its recording of batches stops),
+        later traces are Keras' own; a step the model compiles with XLA gets XLA back."""
         self.plan = plan
         self.inputs.stop()
         _compat.override(self.model, "train_step", self.own_step)
@@ -213,6 +268,28 @@ class Driver:
         self.fallback = "no plan is predicted enough faster" + (
             f": the best, {best[0]}, at {best[1] * 1e3:.2f} ms a step against its "
             f"{plan.predicted_step_time * 1e3:.2f} ms" if best else "")
+        self._restore_xla()
+
+    def _keep_for_xla(self, plan: Plan) -> None:
+        """``plan`` is not predicted faster than the model's own XLA-compiled step: the default
+        placement is kept, with XLA."""
+        loop = step_overhead(self.graph)
+        line = self.reporter.kept_for_xla(plan, self.xla.seconds, loop)
+        default = default_placement(self.graph, planning_cluster(self.options))
+        self._keep_default(dataclasses.replace(default, candidates=dict(plan.candidates), excluded=dict(plan.excluded)))
+        self.fallback = (f"no plan is predicted faster than the model's own step with XLA: the best, {plan.algorithm}, "
+                         f"at {(plan.predicted_step_time - loop) * 1e3:.2f} ms a step without XLA against its "
+                         f"{self.xla.seconds * 1e3:.2f} ms measured")
+        self.report.algorithm, self.report.summary = DEFAULT_PLACEMENT, line
+        self.report.predicted_step_time = default.predicted_step_time
+
+    def _restore_xla(self) -> None:
+        """The default placement runs the model's own step with XLA again, as the user compiled it."""
+        if self.xla is None or self.model is None:
+            return
+        self.xla.restore()
+        self.model.make_train_function(force=True)
+        self.reporter.xla_restored(self.xla.seconds)
 
     def _apply_given(self) -> None:
         """``plan=``: checked against the model after step 0, then applied (timed for the report only)."""
@@ -254,7 +331,8 @@ class Driver:
             return
         verdict, measured = self.trial.judge(self.plan, final=final)
         if measured["measured_step_time"] is not None:
-            self.reporter.record_measured(self.report, self.plan, self.graph, step=self.step - final, **measured)
+            self.reporter.record_measured(self.report, self.plan, self.graph, step=self.step - final,
+                                          default_name=self.trial.default_name, **measured)
             if self.options.log_dir:
                 self.reporter.write_scalars(self.options.log_dir, self.step, self.plan, self.graph, planning_cluster(self.options),
                                             measured["measured_step_time"])
@@ -316,9 +394,13 @@ class Driver:
         self._go(Phase.DEFAULT)
         self.fallback = reason
         self.reporter.warn(warning)
+        if self.xla is not None:
+            self.xla.restore()  # Keras' train function, made anew below or by the trial, compiles with XLA
         if self.model is not None and self.own_step is not None:
             self.retreat = self.retreat or Retreat(self.model, self.own_step, self.options.devices, self.creating)
             self.retreat.go(trial)
+        if self.xla is not None:
+            self.reporter.xla_restored(self.xla.seconds)
 
     @property
     def in_force(self) -> bool:

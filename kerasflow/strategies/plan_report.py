@@ -32,7 +32,12 @@ class PlanReport:
         measured_step_time: the median planned step timed inside ``fit``, seconds per train step
             (the train function's time: the training loop's own is not in it).
         default_step_time: the median step of the default placement timed beside it (not for
-            ``drop_slower_plan=False`` or a given plan).
+            ``drop_slower_plan=False`` or a given plan); with ``xla_step_time``, of the model's
+            own step compiled with XLA.
+        xla_step_time: the model's own step compiled with XLA (``jit_compile``), timed in
+            warm-up by the callback door, seconds per train step: the default placement every plan
+            was judged against, kept when no plan is predicted faster (None: the step runs
+            without XLA, the default placement it is judged against too).
         measured_summary: the line printed when the timing ended.
         settled_step: the first step of ``fit`` after the timing.
         plan_replaced: which plan gave way to the runner-up, and why.
@@ -54,6 +59,7 @@ class PlanReport:
     tie_margin: float | None = None
     measured_step_time: float | None = None
     default_step_time: float | None = None
+    xla_step_time: float | None = None
     measured_summary: str | None = None
     settled_step: int | None = None
     plan_replaced: str | None = None

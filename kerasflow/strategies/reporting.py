@@ -94,13 +94,7 @@ class Reporter:
         return line
 
     def attached(self, model, options) -> None:
-        """The lines when kerasflow takes a model's ``fit``: turns XLA off (it fuses the step into
-        a few clusters, which erases per-op placement and profiles) and says what will happen."""
-        if _compat.uses_jit(model):
-            _compat.disable_jit(model)
-            model.make_train_function(force=True)
-            self.say("kerasflow: jit_compile turned off: XLA fuses the step into a few clusters, which erases "
-                     "per-op placement and profiles.")
+        """The lines when kerasflow takes a model's ``fit``: what will happen."""
         if _compat.has_own_train_step(model):
             self.say("kerasflow: the model defines its own train_step: placement and order are applied, op "
                      "splitting and waves are not.")
@@ -108,14 +102,56 @@ class Reporter:
             self.say(f"kerasflow: {options.warmup_steps} warm-up steps on the default placement, then "
                      f"{options.profile_steps} profiled steps, then the plan.")
 
+    def xla_timed(self, steps: int, timed: int) -> None:
+        """The line when the model's own XLA-compiled step is timed first (``XlaStep``)."""
+        self.say(f"kerasflow: the model compiles its step with XLA (jit_compile): its first {steps} steps run as "
+                 f"compiled and {timed} of them are timed, the default placement a plan must beat. kerasflow "
+                 "profiles and plans without XLA (it fuses the step into a few clusters, which erases per-op "
+                 "placement and profiles) and turns it on again if it keeps the default placement.")
+
+    def xla_turned_off(self) -> None:
+        """The line when XLA is turned off for the whole ``fit`` (the strategy, or a given plan)."""
+        self.say("kerasflow: jit_compile turned off: XLA fuses the step into a few clusters, which erases per-op "
+                 "placement and profiles; the plan is judged against the default placement without XLA.")
+
+    def xla_off_under_strategy(self) -> None:
+        """The line on a GPU host when the strategy's step runs without XLA, as under any strategy."""
+        self.say("kerasflow: the step runs without XLA, as Keras runs every step under a tf.distribute strategy "
+                 "(jit_compile='auto' compiles with XLA on this GPU host only without one): plans are judged "
+                 "against the default placement without XLA. To judge them against the step compiled with XLA, "
+                 "train without the strategy and add kerasflow.callbacks.FastT() to fit.")
+
+    def xla_restored(self, seconds: float | None) -> None:
+        """The line when the default placement gets the model's XLA-compiled step back."""
+        measured = f" (measured {seconds * 1e3:.2f} ms a step in warm-up)" if seconds is not None else ""
+        self.say(f"kerasflow: XLA is on again: the default placement runs the model's own step compiled with "
+                 f"XLA{measured}.")
+
+    def kept_for_xla(self, plan: Plan, xla_seconds: float, loop: float) -> str:
+        """The line when no plan is predicted faster than the model's own XLA-compiled step.
+
+        Example:
+            >>> from kerasflow.planner import Plan
+            >>> heft = Plan(algorithm="heft", predicted_step_time=0.012)
+            >>> print(Reporter(verbose=0).kept_for_xla(heft, 0.009, loop=0.001))
+            kerasflow: keeping the default placement with XLA (the model's own step, measured 9.00 ms a step in warm-up): the best plan, heft, is predicted at 11.00 ms without XLA
+        """
+        line = (f"kerasflow: keeping the default placement with XLA (the model's own step, measured "
+                f"{xla_seconds * 1e3:.2f} ms a step in warm-up): the best plan, {plan.algorithm}, is predicted at "
+                f"{(plan.predicted_step_time - loop) * 1e3:.2f} ms without XLA")
+        self.say(line)
+        return line
+
     def record_measured(self, report, plan: Plan, graph: OpGraph | None, *, step: int, measured_step_time: float,
-                        default_step_time: float | None, ratio: float | None) -> None:
+                        default_step_time: float | None, ratio: float | None,
+                        default_name: str = "the default placement") -> None:
         """Says what the plan measured (``measured``) and keeps it in the ``PlanReport``."""
         report.measured_step_time, report.default_step_time = measured_step_time, default_step_time
         profiled = graph.metadata.get("plain_step_seconds") if graph is not None else None
         loop = step_overhead(graph) if graph is not None else 0.0
         report.measured_summary = self.measured(plan, measured_step_time, default=default_step_time,
-                                                speedup=1 / ratio if ratio else None, profiled=profiled, loop=loop)
+                                                speedup=1 / ratio if ratio else None, profiled=profiled, loop=loop,
+                                                default_name=default_name)
         report.settled_step = step + 1
 
     def replaced(self, report, plan: Plan, following: Plan, why: str) -> None:
@@ -153,12 +189,13 @@ class Reporter:
                      "sequence across traces.")
 
     def measured(self, plan: Plan, measured: float, *, default: float | None = None, speedup: float | None = None,
-                 profiled: float | None = None, loop: float = 0.0) -> str:
+                 profiled: float | None = None, loop: float = 0.0, default_name: str = "the default placement") -> str:
         """The one line once the plan has run a few steps: the measured step against the predicted
         one and against the default placement's step, timed in alternation with the plan
         (``default``, and the plan's ``speedup``: the median over rounds) or when profiled. The
         steps are timed inside the train function, so the prediction is shown without the
-        training loop's own time (``loop``, which it includes).
+        training loop's own time (``loop``, which it includes). ``default_name``: what the default
+        placement ran ("the default placement with XLA": the model's own compiled step).
 
         Example:
             >>> from kerasflow.planner import Plan
@@ -174,7 +211,7 @@ class Reporter:
             line += (f" (predicted {predicted * 1e3:.2f} ms: {abs(error):.0%} "
                      f"{'slower' if error >= 0 else 'faster'} than predicted)")
         if default and speedup:
-            line += f"; the default placement measured {default * 1e3:.2f} ms in alternating steps: {speedup:.2f}x"
+            line += f"; {default_name} measured {default * 1e3:.2f} ms in alternating steps: {speedup:.2f}x"
         elif profiled:
             line += f"; the default placement measured {profiled * 1e3:.2f} ms when profiled: {profiled / measured:.2f}x"
         self.say(line)

@@ -14,6 +14,7 @@ steps; ``done``; ``judge``. A runner-up starts the same way, on the same home va
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -40,11 +41,17 @@ class Trial:
             steps are timed for the report only).
         runners_up: the other candidates, best first (tried once, when the plan measures slower).
         unplanned: a context manager factory inside which the model has its own ``train_step``.
+        compiling: a context manager factory inside which Keras makes the default placement's
+            train function as the user compiled it (``XlaStep.compiled``: with XLA); None: as
+            the model is set now.
+        default_name: what the default placement runs, as the verdict names it.
     """
 
     def __init__(self, model, *, stopwatch: Callable, against_default: bool, runners_up: Sequence[Plan] = (),
-                 unplanned: Callable):
+                 unplanned: Callable, compiling: Callable | None = None,
+                 default_name: str = "the default placement"):
         self.model = model
+        self.compiling, self.default_name = compiling or contextlib.nullcontext, default_name
         self.stopwatch = stopwatch
         self.against_default = against_default
         self.runners_up = list(runners_up) if against_default else []
@@ -93,7 +100,8 @@ class Trial:
             with self.unplanned(), self.homes.at_home():
                 if self.default_function is None:
                     kept = self.model.train_function
-                    self.model.make_train_function(force=True)  # Keras takes the train_step it sees now
+                    with self.compiling():
+                        self.model.make_train_function(force=True)  # Keras takes the train_step it sees now
                     self.default_function = self.model.train_function
                     _compat.override(self.model, "train_function", kept)
                 with _compat.custom_gradients_forgotten():  # its first call traces Keras' step
@@ -111,7 +119,8 @@ class Trial:
         if not self.against_default:
             verdict = Verdict(keep=True)  # timed for the report only
         else:
-            verdict = judge(plan, measured, default, ratio, schedule.rounds_done, [] if final else self.runners_up)
+            verdict = judge(plan, measured, default, ratio, schedule.rounds_done, [] if final else self.runners_up,
+                            default_name=self.default_name)
         if verdict.runner_up is not None:
             self.runners_up = []  # once
         self.schedule = None

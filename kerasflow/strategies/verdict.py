@@ -89,7 +89,7 @@ def needs_confirmation(plan: Plan, kinds: Iterable[str], gains: dict[str, float]
 
 
 def judge(plan: Plan, measured: float | None, default: float | None, ratio: float | None, rounds: int,
-          runners_up: Sequence[Plan] = ()) -> Verdict:
+          runners_up: Sequence[Plan] = (), default_name: str = "the default placement") -> Verdict:
     """The verdict on ``plan`` from its timing (see the module docstring).
 
     Args:
@@ -99,6 +99,7 @@ def judge(plan: Plan, measured: float | None, default: float | None, ratio: floa
         ratio: the median over rounds of planned / default step time (None: no round completed).
         rounds: the rounds completed.
         runners_up: the other candidates, best first (empty: none may be tried).
+        default_name: what the default placement ran, as the reason names it.
 
     Example:
         >>> heft = Plan(placement={}, predicted_step_time=0.010, algorithm="heft")
@@ -111,7 +112,7 @@ def judge(plan: Plan, measured: float | None, default: float | None, ratio: floa
         return Verdict(keep=False, why="fit ended before the plan was timed beside the default placement")
     if ratio <= 1 + SLOWER_MARGIN:
         return Verdict(keep=True)
-    slower = (f"the plan measured {measured * 1e3:.2f} ms a step, slower than the default placement's "
+    slower = (f"the plan measured {measured * 1e3:.2f} ms a step, slower than {default_name}'s "
               f"{default * 1e3:.2f} ms in alternating steps ({ratio:.2f}x its step, the median of {rounds} "
               f"round{'s' if rounds != 1 else ''})")
     if not runners_up:
@@ -127,4 +128,4 @@ def judge(plan: Plan, measured: float | None, default: float | None, ratio: floa
         f"measured / predicted {expected / best.predicted_step_time:.2f}x)")
     return Verdict(keep=False, why=f"{slower}; no other plan is tried: the best of them, {best.algorithm}, is "
                                    f"expected at {expected * 1e3:.2f} ms{scaled}, not "
-                                   f"{RUNNER_UP_GAIN * 100:.0f} % faster than the default placement")
+                                   f"{RUNNER_UP_GAIN * 100:.0f} % faster than {default_name}")

@@ -1,0 +1,152 @@
+"""XLA as the user had it: the callback door times the model's own XLA-compiled step in warm-up,
+judges every plan against it and gives XLA back whenever it keeps the default placement; the
+strategy turns XLA off, and profiling says it profiles without it.
+
+On CPUs XLA compiles with ``jit_compile=True`` (what ``"auto"`` resolves to on a GPU host). The
+verdicts are forced with scripted seconds (every step still runs); the outputs are held to plain
+Keras' XLA-compiled ``fit``: kerasflow runs some steps without XLA (its warm-up, profile and
+trial), so the bound is ten times plain Keras' own spread between its steps with XLA and without,
+measured in the same test.
+"""
+
+import inspect
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasflow
+from kerasflow import _compat
+from kerasflow.devices import LocalGPU
+from kerasflow.strategies import Collaborators, ScriptedStopwatch
+from kerasflow.strategies.xla_step import COMPILING_STEPS, TIMED_STEPS
+from tests.profiling import models
+from tests.strategies import paths
+
+BATCH = 16
+STEPS = 24  # 4 with XLA, 2 warm-up, 1 profiled, the trial's 8, and a few settled
+
+
+def compiled_with_xla(function) -> bool:
+    """Whether a train function Keras made runs its step through a ``tf.function`` compiled with
+    XLA (Keras 3 keeps it in the closures of the function it returns; tf-keras returns it)."""
+    seen, found = set(), [function]
+    while found:
+        candidate = found.pop()
+        if id(candidate) in seen:
+            continue
+        seen.add(id(candidate))
+        if isinstance(candidate, tf.types.experimental.PolymorphicFunction):
+            if candidate._jit_compile:  # noqa: SLF001 - what tf.function(jit_compile=...) was given
+                return True
+            candidate = candidate.python_function
+        if not inspect.isfunction(candidate):
+            continue
+        for cell in candidate.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            found.append(value)
+    return False
+
+
+def build(jit_compile=True):
+    keras.utils.set_random_seed(7)
+    model = models.mlp(keras, dropout=False)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=jit_compile)
+    return model
+
+
+def fit(model, **kwargs):
+    x, y = models.mlp_data(STEPS * BATCH)
+    return model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, **kwargs)
+
+
+def weights_apart(model, other) -> float:
+    return max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), other.get_weights()))
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """Plain Keras' fit with XLA, and its spread to the same fit without XLA."""
+    with_xla, without = build(True), build(False)
+    fit(with_xla)
+    fit(without)
+    assert compiled_with_xla(with_xla.train_function) and not compiled_with_xla(without.train_function)
+    return with_xla, weights_apart(with_xla, without)
+
+
+def fit_with_callback(seconds: dict, planner=None):
+    """The callback door on the MLP compiled with XLA, its verdicts forced by ``seconds``."""
+    model = build(True)
+    callback = kerasflow.callbacks.FastT(**paths.OPTIONS, collaborators=Collaborators(
+        planner=planner or paths.planner("heft"), stopwatch=ScriptedStopwatch(seconds)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(model, callbacks=[callback])
+    return model, callback, [str(w.message) for w in caught if str(w.message).startswith("kerasflow:")]
+
+
+def test_no_plan_predicted_faster_than_the_xla_step_keeps_it(plain):
+    reference, spread = plain
+    model, callback, said = fit_with_callback({None: 1e-9})  # faster than any prediction
+    report = callback.report
+    assert report.xla_step_time == pytest.approx(1e-9)
+    assert report.algorithm == "default_placement" and "with XLA" in report.summary
+    assert report.measured_step_time is None  # nothing was tried
+    assert callback.placement_report().fallback.startswith("no plan is predicted faster than the model's own step "
+                                                          "with XLA: the best, heft")
+    assert model.jit_compile is True and compiled_with_xla(model.train_function)
+    assert callback.collaborators.stopwatch.counts == {None: TIMED_STEPS}  # the steps after XLA compiled
+    assert not said
+    assert weights_apart(model, reference) <= 10 * spread
+
+
+def test_a_plan_slower_than_the_xla_step_beside_it_gives_xla_back(plain):
+    reference, spread = plain
+    model, callback, said = fit_with_callback({None: 1.0, "heft": 2.0})
+    report = callback.report
+    assert report.xla_step_time == 1.0 and report.default_step_time == 1.0 and report.measured_step_time == 2.0
+    assert "slower than the default placement with XLA's 1000.00 ms" in report.plan_dropped
+    assert said == [f"kerasflow: {report.plan_dropped}; training continues on the default placement. Pass "
+                    "drop_slower_plan=False to keep a slower plan."]
+    assert model.jit_compile is True and compiled_with_xla(model.train_function)  # the trial's, timed beside it
+    assert not callback.plan_in_force
+    assert weights_apart(model, reference) <= 10 * spread
+
+
+def test_a_plan_faster_than_the_xla_step_stays_without_xla(plain):
+    reference, spread = plain
+    model, callback, said = fit_with_callback({None: 1.0, "heft": 0.5})
+    report = callback.report
+    assert report.algorithm == "heft" and report.xla_step_time == 1.0
+    assert report.default_step_time == 1.0 and report.measured_step_time == 0.5
+    assert "the default placement with XLA measured 1000.00 ms in alternating steps: 2.00x" in report.measured_summary
+    assert callback.plan_in_force and model.jit_compile is False and not said
+    assert weights_apart(model, reference) <= 10 * spread
+
+
+def test_xla_steps_come_before_kerasflow_own_warm_up():
+    model, callback, _ = fit_with_callback({None: 1e-9})
+    assert callback.driver.xla.steps == COMPILING_STEPS + TIMED_STEPS == 4
+    assert callback.report.settled_step is None and callback.profile is not None
+
+
+def test_the_strategy_turns_xla_off_and_says_plans_are_judged_without_it(capsys):
+    strategy = kerasflow.FastTStrategy(**{**paths.OPTIONS, "verbose": 1}, collaborators=paths.PLANNING)
+    with strategy.scope():
+        model = build(True)
+    fit(model)
+    out = capsys.readouterr().out
+    assert "jit_compile turned off" in out and "judged against the default placement without XLA" in out
+    assert model.jit_compile is False and strategy.report.xla_step_time is None
+
+
+def test_keras_compiles_with_xla_by_itself_only_on_a_gpu_host():
+    gpu = [LocalGPU(name="/GPU:0", card="/physical_device:GPU:0", kind="H100", memory=80 * 2**30, found="a test")]
+    model = build(False)
+    assert _compat.xla_by_default(model, gpu) and not _compat.xla_by_default(model, [])
