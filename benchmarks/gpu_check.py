@@ -270,8 +270,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--memory-mb", type=int, default=4096, help="per logical GPU when one GPU is split")
-    parser.add_argument("--budget-s", type=float, default=420.0,
-                        help="start no new round, nor the calibration table, after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=300.0,
+                        help="start no new model, round or calibration table after this many seconds")
     parser.add_argument("--calibration-rounds", type=int, default=1,
                         help="rounds of the calibration table after the comparison (0: none)")
     parser.add_argument("--profile-dir", default="gpu_check_profile",
@@ -293,10 +293,15 @@ def main() -> int:
         print(f"describing the devices failed:\n{out.stderr[-3000:]}", file=sys.stderr)
         return 1
     print(describe_lines(json.loads(line[7:])), flush=True)
-    for _ in range(args.rounds):
+    measured = list(args.models)  # the models every setup ran on in the first round
+    for number in range(args.rounds):
         if done and time.perf_counter() - started > args.budget_s:
             break
-        for model in args.models:
+        for index, model in enumerate(measured):
+            if number == 0 and index and time.perf_counter() - started > args.budget_s:
+                print(f"The {args.budget_s:.0f}-second budget is spent: {', '.join(measured[index:])} left out.")
+                measured = measured[:index]
+                break
             for setup in SETUPS:
                 out = subprocess.run([sys.executable, __file__, "--worker", setup, model, "--steps", str(args.steps),
                                       "--memory-mb", str(args.memory_mb)], capture_output=True, text=True, cwd=HERE)
@@ -308,15 +313,15 @@ def main() -> int:
                 print(f"{model} {setup}: {results[(model, setup)][-1]}", flush=True)
         done += 1
     print()
-    print(table(results, args.models, done, args.steps))
+    print(table(results, measured, done, args.steps))
     if args.calibration_rounds and time.perf_counter() - started > args.budget_s:
         print(f"\nThe calibration table is left out: the {args.budget_s:.0f}-second budget is spent. Run "
-              f"python benchmarks/calibration.py --models {' '.join(args.models)} for it.")
+              f"python benchmarks/calibration.py --models {' '.join(measured)} for it.")
     elif args.calibration_rounds:
         print("\nThe simulator on this machine (benchmarks/calibration.py):", flush=True)
         import calibration
 
-        return calibration.main(["--models", *args.models, "--rounds", str(args.calibration_rounds)])
+        return calibration.main(["--models", *measured, "--rounds", str(args.calibration_rounds)])
     return 0
 
 

@@ -55,6 +55,8 @@ SPLIT_NORMALIZATION_TEST = (
     "tests/strategies/test_every_path.py::test_every_output_equals_plain_keras[bn_cnn-normalization_split-strategy]",)
 # GPU profiles read from hand-built XSpace protos.
 XPLANE_TESTS = ("tests/profiling/test_xplane.py",)
+# Copy kernels priced at the rate measured on the device.
+COPY_RATE_TEST = ("tests/profiling/test_profile_model.py::test_copy_kernels_are_priced_at_the_device_measured_copy_rate",)
 # The callback door's step compiled with XLA: the default placement every plan is judged against.
 XLA_TESTS = ("tests/strategies/test_xla.py",)
 # A model whose layer draws unseeded random numbers (Keras' global seed generator), trained as plain Keras is.
@@ -292,6 +294,9 @@ MUTATIONS = [
     Mutation("the step's temporary memory is left on the devices' budgets", "kerasflow/planner/listschedule.py",
              "        budgets.append(max(memory * (1.0 - headroom) - reserved, 0.0))",
              "        budgets.append(max(memory * (1.0 - headroom), 0.0))"),
+    Mutation("fit prices copy kernels at the datasheet's memory bandwidth", "kerasflow/profiling/links.py",
+             'Device(d, "CPU", DEVICE_SPECS["CPU"].memory, memory_bandwidth=rate)',
+             'Device(d, "CPU", DEVICE_SPECS["CPU"].memory)', COPY_RATE_TEST),
     Mutation("a plan predicted slower than the XLA step is tried anyway", "kerasflow/strategies/xla_step.py",
              "        return self.seconds is None or predicted_step < self.seconds + (loop_seconds or 0.0)",
              "        return True", XLA_TESTS),

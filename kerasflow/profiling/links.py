@@ -1,4 +1,4 @@
-"""``measure_links``: latency and bandwidth between devices, fitted from timed copies.
+"""``measure_links``: latency and bandwidth between devices, fitted from timed copies; ``copy_bandwidth``: a device's own copy kernels.
 
 Copies of 1 KiB to 256 MiB are timed between each ordered pair of devices; each pair's
 ``latency + bytes / bandwidth`` is fitted by least squares on (bytes, seconds) samples,
@@ -6,6 +6,11 @@ taking the median of repeated copies per size. Between logical CPUs of one proce
 "copy" passes a reference, so nothing is measured: the ``cpu-testbed`` figures are used
 and the result says so. Between devices of different tasks (hosts of a multi-host
 cluster) one pair per pair of tasks is timed: the network dominates.
+
+Within one device, the copy kernels a plan adds (a data-parallel replica packs its gradients into
+buffers and unpacks the sums) run at the rate ``copy_bandwidth`` measures on that device,
+concatenating 1 to 16 MiB: a datasheet's memory bandwidth is far off for buffers that fit in a
+CPU's caches (measured here: 2-5 times the 20 GB/s of the CPU preset).
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from kerasflow.planner.cluster import SAME_PROCESS, Cluster, Device, Link
 from kerasflow.planner.errors import KerasflowError
 from kerasflow.planner.hardware import DEVICE_SPECS
 from kerasflow.devices import (LocalGPU, device_kind, device_memory, device_type, normalize_device, shared_cards,
-                               task_of)
+                               task_of, wait_for_devices)
 from kerasflow.profiling.host import host_compute
 
-__all__ = ["measure_links", "LinkMeasurement", "cluster_of"]
+__all__ = ["measure_links", "LinkMeasurement", "cluster_of", "copy_bandwidth"]
 
 SIZES = tuple(2**k for k in range(10, 29, 3))  # 1 KiB ... 256 MiB
+# Large enough that the slope, not eager dispatch, sets the fit; as large as gradient buffers.
+COPY_SIZES = tuple(2**k for k in range(20, 25))  # 1 MiB ... 16 MiB
 
 
 class LinkMeasurement(NamedTuple):
@@ -121,18 +128,46 @@ def _time_copies(a: str, b: str, sizes: Sequence[int], repeats: int) -> list[tup
     return samples
 
 
+@functools.lru_cache(maxsize=None)
+def copy_bandwidth(device: str, repeats: int = 5) -> float:
+    """Bytes/s a copy kernel reads and writes on ``device`` (a concat or a split: how a plan's
+    gradient buffers are packed and unpacked), fitted from timed concatenations of 1 to 16 MiB
+    (``COPY_SIZES``), the median of ``repeats`` each; measured once per device in a process.
+
+    Example:
+        >>> copy_bandwidth("/CPU:0") > 1e9
+        True
+    """
+    samples = []
+    with tf.device(device):
+        for size in COPY_SIZES:
+            half = tf.ones([size // 8], tf.float32)  # two halves of size // 2 bytes
+            runs = []
+            for _ in range(repeats + 1):
+                started = time.perf_counter()
+                tf.concat([half, half], 0)
+                wait_for_devices()
+                runs.append(time.perf_counter() - started)
+            samples.append((2.0 * size, float(np.median(runs[1:]))))  # each byte read once, written once
+    return _fit(samples).bandwidth
+
+
 def cluster_of(devices: Sequence[str], *, links: LinkMeasurement | None = None, name: str = "",
-               gpus: Sequence[LocalGPU] | None = None) -> Cluster:
-    """A ``Cluster`` of local TensorFlow devices: kinds and memory from TensorFlow, links measured;
-    logical GPUs carved from one card share its compute (``devices.shared_cards``). ``gpus``: the
-    local GPUs (default ``devices.local_gpus()``).
+               gpus: Sequence[LocalGPU] | None = None, bandwidths: dict | None = None) -> Cluster:
+    """A ``Cluster`` of local TensorFlow devices: kinds and memory from TensorFlow, links and copy
+    kernels measured; logical GPUs carved from one card share its compute
+    (``devices.shared_cards``). ``gpus``: the local GPUs (default ``devices.local_gpus()``);
+    ``bandwidths``: each device's copy bandwidth, bytes/s (default ``copy_bandwidth``; a device
+    absent from a given dict takes its kind's datasheet figure).
 
     Example:
         >>> cluster_of(["/CPU:0", "/CPU:1"]).device_names
         ['/CPU:0', '/CPU:1']
     """
     links = links or measure_links(devices)
-    built = [Device(device, device_kind(device, gpus), device_memory(device, gpus)) for device in devices]
+    rates = bandwidths if bandwidths is not None else {device: copy_bandwidth(device) for device in devices}
+    built = [Device(device, device_kind(device, gpus), device_memory(device, gpus),
+                    memory_bandwidth=rates.get(device, 0.0)) for device in devices]
     return Cluster(built, SAME_PROCESS, links.links, name=name or f"local:{len(devices)}",
                    shared=shared_cards(devices, gpus))
 
@@ -144,8 +179,9 @@ def _measured_cluster(devices: tuple[str, ...]) -> Cluster:
 
 def planning_cluster(options) -> Cluster:
     """The cluster ``fit`` plans for: ``options.cluster`` when given, else for logical CPUs the
-    host they share (``host.host_compute``; same-process copies), else the devices with their
-    links measured (once per set of devices).
+    host they share (``host.host_compute``; same-process copies; copy kernels at the host's
+    measured ``copy_bandwidth``), else the devices with their links and copy kernels measured
+    (once per set of devices).
 
     Example:
         >>> from kerasflow.strategies.options import Options
@@ -158,6 +194,7 @@ def planning_cluster(options) -> Cluster:
     devices = tuple(options.devices)
     if all("CPU" in d.upper() for d in devices):
         shared = [host_compute(devices)] if len(devices) > 1 else []
-        return Cluster([Device(d, "CPU", DEVICE_SPECS["CPU"].memory) for d in devices], SAME_PROCESS,
-                       name=f"logical-cpus:{len(devices)}", shared=shared)
+        rate = copy_bandwidth(devices[0])  # one host's memory
+        return Cluster([Device(d, "CPU", DEVICE_SPECS["CPU"].memory, memory_bandwidth=rate) for d in devices],
+                       SAME_PROCESS, name=f"logical-cpus:{len(devices)}", shared=shared)
     return _measured_cluster(devices)

@@ -323,6 +323,20 @@ def test_links_between_logical_cpus_say_they_are_not_measured():
         measure_links(["/CPU:0", "/GPU:7"])
 
 
+def test_copy_kernels_are_priced_at_the_device_measured_copy_rate():
+    from kerasflow.profiling import cluster_of, copy_bandwidth
+    from kerasflow.profiling.links import planning_cluster
+    from kerasflow.strategies.options import Options
+
+    rate = copy_bandwidth("/CPU:0")
+    assert 1e8 < rate < 1e13  # bytes/s: no memory copies slower than 100 MB/s, nor faster than 10 TB/s
+    cluster = planning_cluster(Options(devices=("/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3")))
+    assert {cluster.device(d).memory_bandwidth for d in cluster.device_names} == {rate}
+    assert cluster_of(["/CPU:0", "/CPU:1"]).device("/CPU:1").memory_bandwidth == copy_bandwidth("/CPU:1")
+    given = cluster_of(["/CPU:0", "/CPU:1"], bandwidths={"/CPU:0": 5e9})
+    assert [given.device(d).memory_bandwidth for d in given.device_names] == [5e9, 20e9]  # else the datasheet's
+
+
 def test_estimates_for_gpus_from_a_cpu_profile(mlp_graph):
     from kerasflow.profiling import estimate_costs
 
