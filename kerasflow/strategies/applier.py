@@ -29,8 +29,8 @@ import tensorflow as tf
 from kerasflow.devices import normalize_device
 from kerasflow.planner.costmodel import METADATA_OP_TYPES
 from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.graphtables import (WEIGHT_READING_LOOPS, batch_ops, fused_ops, gradient_sum_readers,
-                                           split_groups, weight_bound_layers)
+from kerasflow.planner.graphtables import (WEIGHT_READING_LOOPS, batch_ops, batch_statistics, fused_ops,
+                                           gradient_sum_readers, split_groups, weight_bound_layers)
 from kerasflow.planner.plan import Plan
 from kerasflow.planner.tasknames import parse_copy_name
 from kerasflow.planner.toposort import topological_order
@@ -74,6 +74,7 @@ class PlanApplier:
         self.loops = [(op.name, op.name.split("/")) for op in graph.ops
                       if op.type in WEIGHT_READING_LOOPS] if graph is not None else []
         self.fused = fused_ops(graph) if graph is not None else frozenset()
+        self.unordered = self.fused | _summed_statistics_gradients(graph, plan)
         if graph is not None:
             # An op's split group: its layer, the compiled loss' pseudo-layer, a gradient sum's layer.
             for op, layer in zip(graph.ops, split_groups(graph)):
@@ -333,7 +334,7 @@ class PlanApplier:
             # A fused chain's ops run in data-flow order: a control edge between them, or an op
             # ordered in between, keeps TensorFlow from fusing them, and the unfused kernels
             # cost a launch and round otherwise (graphtables.FUSED_GROUP).
-            names = [task for task in names if parse_copy_name(task)[0] not in self.fused]
+            names = [task for task in names if parse_copy_name(task)[0] not in self.unordered]
             sequence = [op for op in (self._ordered_op(task, keyed, folded, report) for task in names) if op]
             chains.extend(zip(sequence, sequence[1:]))
         if not chains:
@@ -368,6 +369,20 @@ class PlanApplier:
         if op.type in METADATA_OP_TYPES or _stateful(op) or id(op) in folded:
             return None
         return op
+
+
+def _summed_statistics_gradients(graph: OpGraph | None, plan: Plan) -> frozenset[str]:
+    """The backward ops of the layers ``plan`` splits whose shards compute their statistics
+    together. They run in data-flow order: TensorFlow sums the gradient of each whole-batch
+    statistic where it aggregates the gradients of the statistic's readers, after each shard's
+    own gradient ops, while the simulator sums it at the shards' reductions, earlier; an order
+    among them made from the simulation can contradict the trace (HEFT around a split
+    BatchNormalization, one profile in 40 with its costs perturbed by up to 50 %)."""
+    if graph is None or not plan.splits:
+        return frozenset()
+    together = batch_statistics(graph).layer_ops
+    return frozenset(op.name for i, op in enumerate(graph.ops)
+                     if i in together and op.phase == "backward" and op.layer in plan.splits)
 
 
 def _first_three(names: list[str]) -> str:

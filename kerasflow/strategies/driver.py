@@ -12,9 +12,10 @@ Phases and the only transitions between them (``TRANSITIONS``)::
 recording a real batch (``RecordedInputs``); a plan given up front is checked and applied after
 step 0. Through the callback door a step the model compiles with XLA runs as compiled for its
 first ``XlaStep.steps`` and is timed (``XlaStep``): every plan is judged against it, and XLA is on
-again whenever the default placement is kept or taken back. ``PROFILING``: fit's own steps under TensorFlow's profiler, then the collaborators'
-profiler and planner make the plan. ``TRIAL``: the plan is in force and timed beside the default
-placement (``Trial``); its verdict keeps it (``PLANNED``), tries the runner-up once, or drops it.
+again whenever the default placement is kept or taken back. ``PROFILING``: fit's own steps under
+TensorFlow's profiler, then the collaborators' profiler and planner make the plan. ``TRIAL``:
+the plan is in force and timed beside the default placement (``Trial``); its verdict keeps it
+(``PLANNED``), tries the runner-up once, or drops it.
 ``DEFAULT``: the planner kept the default placement (nothing was applied: no trial, no retrace),
 or ``Retreat`` took the model back to it. A failure anywhere warns once, naming the cause, and
 retreats; a plan given up front that fits another model raises.
@@ -209,7 +210,8 @@ class Driver:
                 plan, trial = self._plan()
                 if plan.algorithm == DEFAULT_PLACEMENT:
                     self._keep_default(plan)
-                elif self.xla is not None and not self.xla.beaten_by(plan.predicted_step_time, step_overhead(self.graph)):
+                elif self.xla is not None and not self.xla.beaten_by(plan.predicted_step_time,
+                                                                    step_overhead(self.graph)):
                     self._keep_for_xla(plan)
                 else:
                     stage = "rebuilding the step with the plan"
@@ -254,7 +256,7 @@ class Driver:
         return plan, Trial(self.model, stopwatch=self.collaborators.stopwatch, runners_up=others,
                            against_default=confirm, unplanned=self._unplanned,
                            compiling=self.xla.compiled if xla is not None else None,
-                           default_name="the default placement with XLA" if xla is not None else "the default placement")
+                           default_name="the default placement" + (" with XLA" if xla is not None else ""))
 
     def _keep_default(self, plan: Plan) -> None:
         """The planner predicts no plan enough faster (``plan`` is its default placement): nothing is
