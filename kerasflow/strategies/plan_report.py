@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 
 __all__ = ["PlanReport"]
 
 
 @dataclasses.dataclass
-class PlanReport:
+class PlanReport(collections.abc.Mapping):
     """What planning inside ``fit`` did for one model; a field is None until it happens.
 
-    Also readable as a mapping of the fields that are set (``report["algorithm"]``,
-    ``"plan_dropped" in report``, ``dict(report)``), as earlier versions returned a dict.
+    Also a read-only mapping of the fields that are set (``report["algorithm"]``,
+    ``"plan_dropped" in report``, ``dict(report)``, ``report.items()``, ``report.get(...)``), as
+    earlier versions returned a dict.
 
     Attributes:
         plan_seconds: profiling and planning inside ``fit``, seconds (the retrace of the step on
@@ -47,6 +49,8 @@ class PlanReport:
         >>> report = PlanReport(algorithm="heft", predicted_step_time=0.01)
         >>> report["algorithm"], "plan_dropped" in report, sorted(report)
         ('heft', False, ['algorithm', 'predicted_step_time'])
+        >>> sorted(report.items())
+        [('algorithm', 'heft'), ('predicted_step_time', 0.01)]
     """
 
     plan_seconds: float | None = None
@@ -75,19 +79,8 @@ class PlanReport:
             raise KeyError(name)
         return value
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._set()
-
     def __iter__(self):
         return iter(self._set())
 
     def __len__(self) -> int:
         return len(self._set())
-
-    def keys(self):
-        """The names of the fields that are set."""
-        return self._set().keys()
-
-    def get(self, name: str, default=None):
-        """A field's value, or ``default`` while it is None."""
-        return self._set().get(name, default)
