@@ -4,8 +4,9 @@ First the devices as kerasflow reads them (``kerasflow.devices.local_gpus``: eac
 card, kind and memory, and how they were found) and one model's profile: its kernel coverage per
 place, its copies, and memory: the allocator's measured peak (GPUs) beside the modelled one, and
 the Tick-Tock plan's predicted peak per device against the budget the planner gives it (device
-memory less headroom and the measured temporary memory), written with TensorFlow's own profile of three training steps to
-``--profile-dir`` (``profile.json`` and the ``.xplane.pb``, to become a test fixture). Then one
+memory less headroom and the measured temporary memory), written with TensorFlow's own profile
+of three training steps to ``--profile-dir`` (``profile.json`` and the ``.xplane.pb``, to become
+a test fixture). Then one
 table: per model, each setup's median steady step time, samples/s, its ratio to the default
 placement and to MirroredStrategy, and for FastTStrategy its plan, the planner's predicted step
 time and the simulator's error. ``default`` runs without XLA (``jit_compile=False``),
@@ -186,7 +187,8 @@ def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
         result["algorithm"] = callbacks[0].plan.algorithm if callbacks[0].plan_in_force else (
             "default with XLA (kept)" if report.algorithm == "default_placement" else
             "default with XLA (dropped as slower)" if "plan_dropped" in report else "default with XLA (fell back)")
-        settled = report.settled_step or (callbacks[0].driver.xla.steps + strategy_free_warmup(callbacks[0]))
+        options, xla = callbacks[0].options, callbacks[0].driver.xla
+        settled = report.settled_step or ((xla.steps if xla else 0) + options.warmup_steps + options.profile_steps)
         steady = durations[settled:] if len(durations) - settled >= 3 else durations[-3:]
     elif setup == "fastt":
         first_planned = strategy.options.warmup_steps + strategy.options.profile_steps
@@ -202,10 +204,6 @@ def worker(setup: str, model_name: str, steps: int, memory_mb: int) -> dict:
     result["step"] = float(np.median(steady))
     return result
 
-
-def strategy_free_warmup(callback) -> int:
-    """The callback's steps before its plan, after the XLA ones: warm-up and profiled steps."""
-    return callback.options.warmup_steps + callback.options.profile_steps
 
 
 def describe_lines(described: dict) -> str:

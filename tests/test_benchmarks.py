@@ -95,7 +95,7 @@ def test_a_calibration_records_its_kinds_trusted_gain_beside_the_others(tmp_path
     worst = calibration.worst_ratio(results)
     assert worst == pytest.approx(1.8)
     calibration.write_trusted_gain(path, "H100", worst, "by hand")
-    assert trusted_gains(path) == {"CPU": 1.48, "H100": 0.8}
+    assert trusted_gains(path) == {**trusted_gains(), "H100": 0.8}  # the CPU's entry kept
     plan = Plan(placement={}, predicted_step_time=0.010, candidates={"default_placement": 0.0181})
     assert needs_confirmation(plan, ["H100"]) and not needs_confirmation(plan, ["H100"], trusted_gains(path))
     assert not os.path.exists(path + ".partial")

@@ -35,9 +35,9 @@ TIMED_ROUNDS = 3
 # A plan predicted faster than the default placement by more than the simulator's worst measured
 # error on its devices' kind is put in force untimed against it. The figures are measured, one
 # per kind, by ``benchmarks/calibration.py --write-trusted-gain`` on that kind: its worst
-# measured / predicted step of a plan, less one (on 4 logical CPUs, 2026-12-05: 2.48x,
-# subclassed_mlp's HEFT plan, so a gain of 1.48). A kind absent from the file has never been
-# calibrated: the simulator's error there is unknown, and every plan is timed.
+# measured / predicted step of a plan, less one; the file says when and where each was measured.
+# A kind absent from the file has never been calibrated: the simulator's error there is unknown,
+# and every plan is timed.
 TRUSTED_GAINS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trusted_gains.json")
 
 
@@ -63,7 +63,7 @@ def trusted_gains(path: str = TRUSTED_GAINS_FILE) -> dict[str, float]:
 
     Example:
         >>> trusted_gains()["CPU"]
-        1.48
+        1.76
     """
     with open(path, encoding="utf-8") as handle:
         return {kind: float(entry["trusted_gain"]) for kind, entry in json.load(handle).items()}
