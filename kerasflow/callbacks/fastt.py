@@ -35,7 +35,9 @@ class FastT(keras.callbacks.Callback):
 
     Args: as for ``FastTStrategy`` (``devices``, ``cluster``, ``plan``, ``warmup_steps``,
         ``profile_steps``, ``split``, ``tick_tock``, ``replicated``, ``memory_limit``, ``log_dir``,
-        ``verbose``, ``on_mismatch``, ``drop_slower_plan``, ``collaborators``).
+        ``verbose``, ``on_mismatch``, ``drop_slower_plan``, ``collaborators``). ``split="auto"``
+        (the default) splits layers where no two devices of the cluster share compute (GPUs,
+        several hosts, ``cpu-testbed:N``), not on the logical CPUs of one host.
 
     Raises:
         KerasflowError: a device that does not exist, or a bad option.
@@ -54,7 +56,7 @@ class FastT(keras.callbacks.Callback):
 
     def __init__(self, devices: list[str] | None = None, cluster: Cluster | str | None = None,
                  plan: Plan | str | None = None, warmup_steps: int | None = None, profile_steps: int | None = None,
-                 split: bool | None = None, tick_tock: str | None = None, replicated: str | None = None,
+                 split: str | bool | None = None, tick_tock: str | None = None, replicated: str | None = None,
                  memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None,
                  on_mismatch: str | None = None, drop_slower_plan: bool | None = None,
                  collaborators: Collaborators | None = None):

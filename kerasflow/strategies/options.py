@@ -2,9 +2,10 @@
 
 Every value is checked here, where it enters, so a bad one is an error when the strategy
 or callback is made, never a failure at step 4. Knobs come in two styles only: a yes/no
-setting is a boolean (``split``, ``drop_slower_plan``), a setting with more choices is one
-of its lowercase names (``tick_tock``, ``replicated``: ``"auto"``, ``"on"`` or ``"off"``;
-``on_mismatch``: ``"error"`` or ``"replan"``).
+setting is a boolean (``drop_slower_plan``), a setting with more choices is one of its
+lowercase names (``split``, ``tick_tock``, ``replicated``: ``"auto"``, ``"on"`` or ``"off"``;
+``on_mismatch``: ``"error"`` or ``"replan"``). ``split`` was a boolean before it had
+``"auto"``, so it still takes one (or its words), as ``"on"`` or ``"off"``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def parse_bool(name: str, raw: Any) -> bool:
         KerasflowError: anything else.
 
     Example:
-        >>> parse_bool("KERASFLOW_SPLIT", "no"), parse_bool("split", True)
+        >>> parse_bool("KERASFLOW_DROP_SLOWER_PLAN", "no"), parse_bool("drop_slower_plan", True)
         (False, True)
     """
     if isinstance(raw, bool):
@@ -90,6 +91,15 @@ def _parse_choice(choices: tuple[str, ...]):
     return parse
 
 
+def _parse_split(name: str, raw: Any) -> str:
+    text = str(raw).strip().lower()
+    if text in _THREE_WAY:
+        return text
+    if text in _TRUE or text in _FALSE:  # True, 1, "yes", ...: split was a boolean before "auto"
+        return "on" if text in _TRUE else "off"
+    raise KerasflowError(f"{name} must be one of {list(_THREE_WAY)}, or a boolean. Received: {name}={raw!r}")
+
+
 def _parse_text(name: str, raw: Any) -> str | None:
     return None if raw is None else str(raw)
 
@@ -99,7 +109,7 @@ _PARSERS = {
     # Steps 0-1 trace and optimise the graph, so profiling starts at step 2 or later.
     "warmup_steps": _parse_int(2),
     "profile_steps": _parse_int(1),
-    "split": parse_bool,
+    "split": _parse_split,
     "tick_tock": _parse_choice(_THREE_WAY),
     "replicated": _parse_choice(_THREE_WAY),
     "memory_limit": _parse_memory,
@@ -120,7 +130,8 @@ class Options:
         plan: a plan given up front (None: profile and plan inside ``fit``).
         warmup_steps: steps on the default placement before profiling (>= 2).
         profile_steps: profiled steps (>= 1).
-        split: whether the planner may split layers across devices.
+        split: ``"auto"``, ``"on"`` or ``"off"``: whether the planner may split layers across
+            devices (``"auto"``: where no two of them share compute; ``may_split`` decides).
         tick_tock: ``"auto"``, ``"on"`` or ``"off"``.
         replicated: ``"auto"``, ``"on"`` or ``"off"``.
         memory_limit: a cap in bytes for every device, or None.
@@ -136,8 +147,8 @@ class Options:
     ``KERASFLOW_DROP_SLOWER_PLAN``, used by ``build`` for any argument left at None.
 
     Example:
-        >>> Options.build(["/CPU:0", "/CPU:1"], split="off", tick_tock="on").split
-        False
+        >>> Options.build(["/CPU:0", "/CPU:1"], split=False, tick_tock="on").split
+        'off'
     """
 
     devices: tuple[str, ...]
@@ -145,9 +156,9 @@ class Options:
     plan: Plan | None = None
     warmup_steps: int = 2
     profile_steps: int = 3
-    # Off inside fit by default: on the CPU testbed split plans beat the unsplit plan on three
-    # models of five and lost on two (docs/benchmarks.md).
-    split: bool = False
+    # "auto": on devices that share one pool of compute (logical CPUs) no split can shorten the
+    # critical path, as its shards take cores from one another; elsewhere it is where FastT gains.
+    split: str = "auto"
     tick_tock: str = "auto"
     replicated: str = "auto"
     memory_limit: float | None = None

@@ -21,7 +21,7 @@ from kerasflow.strategies.options import Options
 from kerasflow.strategies.plan_report import PlanReport
 from kerasflow.strategies.reporting import Reporter
 
-__all__ = ["plan_in_fit", "may_replicate", "ProfiledSteps", "LoopTime", "given_plan_mismatch"]
+__all__ = ["plan_in_fit", "may_split", "may_replicate", "ProfiledSteps", "LoopTime", "given_plan_mismatch"]
 
 
 def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Cluster, options: Options,
@@ -61,7 +61,8 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
     say(f"kerasflow: planning for {len(options.devices)} devices")
     replicated = may_replicate(options, model, graph)
     plans = collaborators.planner(
-        graph, cluster, split=options.split and not custom, tick_tock="off" if custom else options.tick_tock,
+        graph, cluster, split=may_split(options, cluster, own_train_step=custom),
+        tick_tock="off" if custom else options.tick_tock,
         memory_limit=options.memory_limit, max_split_evaluations=options.max_split_evaluations,
         replicated=replicated, replica_statistics=replicated and options.replicated == "on",  # the user allows it
         verbose=0 if reporter.quiet else options.verbose)
@@ -76,6 +77,26 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
     if options.log_dir:
         reporter.write_logs(options.log_dir, best, graph, cluster)
     return graph, list(plans), report
+
+
+def may_split(options: Options, cluster: Cluster, *, own_train_step: bool) -> bool:
+    """Whether the planner may split layers across the cluster's devices: ``split="on"``, or
+    ``"auto"`` (the default) where no two of them share compute (GPUs, several hosts,
+    ``cpu-testbed:N``). On one pool of compute (logical CPUs of one host) a layer's shards take
+    cores from one another, so no split can shorten the critical path; on independent devices
+    splitting the critical path is where FastT's gains come from. Never for a model with its own
+    ``train_step``: its step is not rebuilt shard by shard.
+
+    Example:
+        >>> options = Options(devices=("/CPU:0", "/CPU:1"))
+        >>> [may_split(options, Cluster.preset(name), own_train_step=False)
+        ...  for name in ("logical-cpus:2", "cpu-testbed:2")]
+        [False, True]
+    """
+    if own_train_step or options.split == "off":
+        return False
+    # The cluster's devices, not the options': the planner places over every one of them.
+    return options.split == "on" or not cluster.shares_compute(cluster.device_names)
 
 
 def may_replicate(options: Options, model, graph: OpGraph) -> bool:

@@ -12,6 +12,7 @@ import tensorflow as tf
 import kerasflow
 from kerasflow import KerasflowError
 from kerasflow.planner import planning
+from kerasflow.planner.baselines import default_placement
 from kerasflow.strategies import Collaborators
 from kerasflow.strategies.options import Options
 from kerasflow.strategies.verdict import TIMED_ROUNDS
@@ -170,15 +171,35 @@ def test_every_phase_is_shown_with_verbose(capsys):
 @pytest.mark.parametrize("raw, expected", [("no", False), ("OFF", False), ("0", False), ("yes", True),
                                            ("True", True), ("on", True)])
 def test_boolean_settings_from_the_environment(monkeypatch, raw, expected):
-    monkeypatch.setenv("KERASFLOW_SPLIT", raw)
+    monkeypatch.setenv("KERASFLOW_SPLIT", raw)  # a boolean before it had "auto": on or off
     monkeypatch.setenv("KERASFLOW_DROP_SLOWER_PLAN", raw)
     options = Options.build(["/CPU:0"])
-    assert options.split is expected and options.drop_slower_plan is expected
+    assert options.split == ("on" if expected else "off") and options.drop_slower_plan is expected
+
+
+@pytest.mark.parametrize("cluster, asked_to_split", [(None, False), ("cpu-testbed:4", True)],
+                         ids=["logical-cpus", "cpu-testbed"])
+def test_split_auto_asks_the_planner_to_split_only_devices_that_do_not_share_compute(cluster, asked_to_split):
+    # fit plans for the host's logical CPUs by default, which share its cores; the testbed's
+    # logical CPUs are taken for devices of their own.
+    asked = []
+
+    def keep_the_default_placement(graph, cluster, **settings):
+        asked.append(settings["split"])
+        return [default_placement(graph, cluster)]
+
+    x, y = mlp_data()
+    keras.utils.set_random_seed(7)
+    model = models.mlp(keras, dropout=False)
+    callback = kerasflow.callbacks.FastT(cluster=cluster, verbose=0,
+                                         collaborators=Collaborators(planner=keep_the_default_placement))
+    fit(model, x, y, callbacks=[callback])
+    assert callback.options.split == "auto" and asked == [asked_to_split]
 
 
 @pytest.mark.parametrize("name, value, match", [
     ("tick_tock", "sometimes", "tick_tock must be one of"),
-    ("split", "maybe", "split must be a boolean"),
+    ("split", "maybe", r"split must be one of \['auto', 'on', 'off'\], or a boolean. Received: split='maybe'"),
     ("warmup_steps", 1, "warmup_steps must be an integer >= 2"),
     ("memory_limit", float("nan"), "memory_limit must be a positive number"),
     ("verbose", "loud", "verbose must be"),

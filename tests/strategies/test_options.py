@@ -6,9 +6,10 @@ import pathlib
 
 import pytest
 
-from kerasflow.planner import Plan
+from kerasflow.planner import Cluster, Plan
 from kerasflow.planner.errors import KerasflowError
 from kerasflow.strategies.options import Options, parse_bool
+from kerasflow.strategies.planning_in_fit import may_split
 
 DEVICES = ["/CPU:0", "/CPU:1"]
 
@@ -31,7 +32,7 @@ def refused(message, **settings):
 def test_the_defaults():
     options = Options.build(DEVICES)
     assert options == Options(devices=("/CPU:0", "/CPU:1"), cluster=None, plan=None, warmup_steps=2,
-                              profile_steps=3, split=False, tick_tock="auto", replicated="auto", memory_limit=None,
+                              profile_steps=3, split="auto", tick_tock="auto", replicated="auto", memory_limit=None,
                               log_dir=None, verbose="auto", on_mismatch="error", drop_slower_plan=True,
                               max_split_evaluations=16)
     # The devices come in as any sequence and are kept as a tuple (the object is hashable).
@@ -63,26 +64,70 @@ def test_profile_steps_refuses_less_than_1_bools_and_non_integers(raw, shown):
     refused(f"profile_steps must be an integer >= 1. Received: profile_steps={shown}", profile_steps=raw)
 
 
-@pytest.mark.parametrize("name", ["split", "drop_slower_plan"])
 @pytest.mark.parametrize("raw, value", [
     (True, True), (False, False), (1, True), (0, False), ("1", True), ("0", False), ("TRUE", True), (" no ", False),
     ("yes", True), ("on", True), ("Off", False),
 ])
-def test_a_yes_no_setting_takes_a_bool_or_its_words(name, raw, value):
-    assert getattr(Options.build(DEVICES, **{name: raw}), name) is value
+def test_a_yes_no_setting_takes_a_bool_or_its_words(raw, value):
+    assert Options.build(DEVICES, drop_slower_plan=raw).drop_slower_plan is value
 
 
-@pytest.mark.parametrize("name", ["split", "drop_slower_plan"])
 @pytest.mark.parametrize("raw, shown", [("maybe", "'maybe'"), (2, "2"), ("", "''"), ("auto", "'auto'")])
-def test_a_yes_no_setting_refuses_anything_else(name, raw, shown):
-    refused(f"{name} must be a boolean (1/0, true/false, yes/no, on/off). Received: {name}={shown}", **{name: raw})
+def test_a_yes_no_setting_refuses_anything_else(raw, shown):
+    refused(f"drop_slower_plan must be a boolean (1/0, true/false, yes/no, on/off). Received: drop_slower_plan={shown}",
+            drop_slower_plan=raw)
 
 
 def test_parse_bool_names_what_it_was_given_as():
     with pytest.raises(KerasflowError) as error:
-        parse_bool("KERASFLOW_SPLIT", "2")
-    assert str(error.value) == ("KERASFLOW_SPLIT must be a boolean (1/0, true/false, yes/no, on/off). "
-                                "Received: KERASFLOW_SPLIT='2'")
+        parse_bool("KERASFLOW_DROP_SLOWER_PLAN", "2")
+    assert str(error.value) == ("KERASFLOW_DROP_SLOWER_PLAN must be a boolean (1/0, true/false, yes/no, on/off). "
+                                "Received: KERASFLOW_DROP_SLOWER_PLAN='2'")
+
+
+@pytest.mark.parametrize("raw, value", [
+    ("auto", "auto"), ("Auto", "auto"), ("on", "on"), (" OFF ", "off"),
+    # split was a boolean before it had "auto": a boolean, or its words, still means on or off.
+    (True, "on"), (False, "off"), (1, "on"), (0, "off"), ("yes", "on"), ("no", "off"), ("true", "on"), ("0", "off"),
+])
+def test_split_takes_auto_on_off_or_a_boolean(raw, value):
+    assert Options.build(DEVICES, split=raw).split == value
+
+
+@pytest.mark.parametrize("raw, shown", [("maybe", "'maybe'"), (3, "3"), (2, "2"), (1.0, "1.0"), ("", "''"),
+                                        ("always", "'always'")])
+def test_split_refuses_anything_else(raw, shown):
+    refused(f"split must be one of ['auto', 'on', 'off'], or a boolean. Received: split={shown}", split=raw)
+
+
+# The planning clusters fit uses: logical CPUs of one host share its cores; the testbed's and
+# GPUs are devices of their own, and so are the hosts of a two-level cluster.
+SHARED = Cluster.preset("logical-cpus:4")
+INDEPENDENT = ("cpu-testbed:4", "4xV100-nvlink", "2x8xV100")
+
+
+def test_split_auto_does_not_split_devices_that_share_compute():
+    assert may_split(Options.build(SHARED.device_names), SHARED, own_train_step=False) is False
+
+
+@pytest.mark.parametrize("preset", INDEPENDENT)
+def test_split_auto_splits_devices_that_do_not_share_compute(preset):
+    cluster = Cluster.preset(preset)
+    assert may_split(Options.build(cluster.device_names), cluster, own_train_step=False) is True
+
+
+@pytest.mark.parametrize("preset", ["logical-cpus:4", *INDEPENDENT])
+@pytest.mark.parametrize("split, expected", [("on", True), ("off", False), (True, True), (False, False)])
+def test_split_on_or_off_holds_whatever_the_cluster(preset, split, expected):
+    cluster = Cluster.preset(preset)
+    assert may_split(Options.build(cluster.device_names, split=split), cluster, own_train_step=False) is expected
+
+
+@pytest.mark.parametrize("split", ["auto", "on"])
+def test_a_model_with_its_own_train_step_is_never_split(split):
+    # Its step is not rebuilt shard by shard.
+    cluster = Cluster.preset("cpu-testbed:4")
+    assert may_split(Options.build(cluster.device_names, split=split), cluster, own_train_step=True) is False
 
 
 @pytest.mark.parametrize("name", ["tick_tock", "replicated"])
@@ -159,7 +204,7 @@ EVERY_VARIABLE = {
 def test_environment_variables_fill_the_settings_left_at_none(monkeypatch):
     for variable, text in EVERY_VARIABLE.items():
         monkeypatch.setenv(variable, text)
-    from_variables = dict(warmup_steps=5, profile_steps=4, split=True, tick_tock="on", replicated="off",
+    from_variables = dict(warmup_steps=5, profile_steps=4, split="on", tick_tock="on", replicated="off",
                           memory_limit=1e9, log_dir="/tmp/logs", verbose=0, on_mismatch="replan",
                           drop_slower_plan=False)
     # Left out, or passed as None: the same.
@@ -170,7 +215,7 @@ def test_environment_variables_fill_the_settings_left_at_none(monkeypatch):
 def test_a_given_argument_wins_over_its_environment_variable(monkeypatch):
     for variable, text in EVERY_VARIABLE.items():
         monkeypatch.setenv(variable, text)
-    given = dict(warmup_steps=3, profile_steps=2, split=False, tick_tock="off", replicated="on", memory_limit=2e9,
+    given = dict(warmup_steps=3, profile_steps=2, split="off", tick_tock="off", replicated="on", memory_limit=2e9,
                  log_dir="/tmp/mine", verbose=2, on_mismatch="error", drop_slower_plan=True)
     assert Options.build(DEVICES, **given) == Options(devices=DEVICES, **given)
 
@@ -200,6 +245,8 @@ def test_only_build_reads_the_variables(monkeypatch):
                                     "Received: KERASFLOW_WARMUP_STEPS='1'"),
     ("KERASFLOW_REPLICATED", "true", "KERASFLOW_REPLICATED must be one of ['auto', 'on', 'off']. "
                                      "Received: KERASFLOW_REPLICATED='true'"),
+    ("KERASFLOW_SPLIT", "maybe", "KERASFLOW_SPLIT must be one of ['auto', 'on', 'off'], or a boolean. "
+                                 "Received: KERASFLOW_SPLIT='maybe'"),
     ("KERASFLOW_MEMORY_LIMIT", "inf", "KERASFLOW_MEMORY_LIMIT must be a positive number of bytes. "
                                       "Received: KERASFLOW_MEMORY_LIMIT='inf'"),
     ("KERASFLOW_VERBOSE", "3", "KERASFLOW_VERBOSE must be 'auto', 0, 1 or 2 (as Keras' verbose). "
@@ -226,17 +273,17 @@ def test_cluster_and_plan_are_passed_through():
 def test_the_options_are_frozen():
     options = Options.build(DEVICES)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        options.split = True
+        options.split = "on"
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.warmup_steps = 9
-    assert options.split is False and options.warmup_steps == 2
+    assert options.split == "auto" and options.warmup_steps == 2
 
 
 def test_replace_keeps_every_other_value():
     options = Options.build(DEVICES, warmup_steps=3, split="yes", tick_tock="on", memory_limit="1e9", verbose=1,
                             on_mismatch="replan", log_dir="/tmp/kf", drop_slower_plan=False)
     changed = dataclasses.replace(options, warmup_steps=5)
-    assert changed == Options(devices=DEVICES, warmup_steps=5, split=True, tick_tock="on", memory_limit=1e9, verbose=1,
+    assert changed == Options(devices=DEVICES, warmup_steps=5, split="on", tick_tock="on", memory_limit=1e9, verbose=1,
                               on_mismatch="replan", log_dir="/tmp/kf", drop_slower_plan=False)
     assert options.warmup_steps == 3  # the original is untouched
     # A replaced value is checked like any other.
