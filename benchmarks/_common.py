@@ -1,4 +1,5 @@
-"""Shared bits of the benchmark scripts: import path, table printing, machine line, step timing."""
+"""Shared bits of the benchmark scripts: import path, table printing, machine line, step timing,
+the first step's fused kernels."""
 
 from __future__ import annotations
 
@@ -32,3 +33,25 @@ def step_durations(model, x, y, batch_size: int, callbacks=()):
     started = time.perf_counter()
     model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False, callbacks=[*callbacks, Clock()])
     return np.diff([started] + ends)
+
+
+def first_step_recorder():
+    """A Keras callback that keeps the partition graphs of ``fit``'s first step in its
+    ``partition_graphs`` (TensorFlow records a function's when it instantiates it, which that
+    step does): ``readback.fused_kernel_count`` counts the fused kernels plain Keras' step runs."""
+    import keras
+
+    from kerasflow.strategies.readback import start_recording, stop_recording
+
+    class FirstStep(keras.callbacks.Callback):
+        partition_graphs = None
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 0:
+                start_recording()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 0:
+                self.partition_graphs = stop_recording()
+
+    return FirstStep()

@@ -11,6 +11,11 @@ amplifies rounding shows differences of the same size in both columns from the s
 
     python benchmarks/heldout_mobilenet.py               # 24 steps (several minutes on 2 cores)
     python benchmarks/heldout_mobilenet.py --steps 12
+    python benchmarks/heldout_mobilenet.py --cluster cpu-testbed:4 --algorithm cpop   # a CPOP plan, kept
+
+With ``--algorithm`` the planner's only plan is that list schedule's (with its order), planned
+for ``--cluster``, and kept whatever it measures (``drop_slower_plan=False``); the table then
+also gives the fused kernels the planned step ran beside plain Keras' step's.
 """
 
 import argparse
@@ -20,6 +25,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _common import first_step_recorder  # noqa: E402
 
 import kerasflow  # noqa: E402
 
@@ -29,7 +35,12 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from kerasflow.planner import cpop, heft  # noqa: E402
+from kerasflow.strategies import Collaborators  # noqa: E402
+from kerasflow.strategies.readback import fused_kernel_count  # noqa: E402
+
 BATCH = 32
+SCHEDULES = {"heft": heft, "cpop": cpop}
 
 
 class StepLog(keras.callbacks.Callback):
@@ -61,14 +72,14 @@ def data(steps: int, control_batch: int | None):
     return x, y
 
 
-def run(strategy, steps: int, control_batch: int | None = None) -> StepLog:
+def run(strategy, steps: int, control_batch: int | None = None, callbacks=()) -> StepLog:
     keras.utils.set_random_seed(7)
     with strategy.scope():
         model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10)
         model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
     log = StepLog(strategy if isinstance(strategy, kerasflow.FastTStrategy) else None)
     x, y = data(steps, control_batch)
-    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[log])
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[log, *callbacks])
     return log
 
 
@@ -76,11 +87,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--control-batch", type=int, default=5, help="the batch whose rows the control reorders")
+    parser.add_argument("--cluster", default=None, help="the cluster preset to plan for (default: the logical CPUs)")
+    parser.add_argument("--algorithm", choices=sorted(SCHEDULES), default=None,
+                        help="plan with this list schedule only, and keep its plan")
     args = parser.parse_args(argv)
     tf.config.set_soft_device_placement(False)
-    plain = run(tf.distribute.get_strategy(), args.steps)
+    recorder = first_step_recorder()
+    plain = run(tf.distribute.get_strategy(), args.steps, callbacks=[recorder])
     control = run(tf.distribute.get_strategy(), args.steps, args.control_batch)
-    strategy = kerasflow.FastTStrategy(verbose=0)
+    options = {"cluster": args.cluster} if args.cluster else {}
+    if args.algorithm:
+        schedule = SCHEDULES[args.algorithm]
+        options.update(drop_slower_plan=False, collaborators=Collaborators(planner=lambda g, c, **_: [schedule(g, c)]))
+    strategy = kerasflow.FastTStrategy(verbose=0, **options)
     started = time.perf_counter()
     planned = run(strategy, args.steps)
     whole = time.perf_counter() - started
@@ -96,6 +115,10 @@ def main(argv=None) -> int:
     print(f"FastTStrategy's fit: {whole:.1f} s; plain Keras' {sum(plain.seconds):.1f} s. Plan: "
           f"{report.get('algorithm')}, {'in force' if strategy.plan_in_force else 'not in force'}"
           f"{'; dropped: ' + report['plan_dropped'] if 'plan_dropped' in report else ''}")
+    placement = strategy.placement_report()
+    if placement is not None and placement.fused_kernels is not None:
+        print(f"Fused kernels: the planned step {placement.fused_kernels}, plain Keras' step "
+              f"{fused_kernel_count(recorder.partition_graphs)}")
     return 0
 
 

@@ -57,6 +57,11 @@ SPLIT_NORMALIZATION_TEST = (
 XPLANE_TESTS = ("tests/profiling/test_xplane.py",)
 # Copy kernels priced at the rate measured on the device.
 COPY_RATE_TEST = ("tests/profiling/test_profile_model.py::test_copy_kernels_are_priced_at_the_device_measured_copy_rate",)
+# Each replica's rows cut where the batch is, and only they copied to its device.
+ROWS_TEST = ("tests/strategies/test_replicas.py::"
+             "test_a_data_parallel_plan_trains_as_one_device_does_with_a_partial_last_batch",)
+# A planned step runs the default placement's fused kernels (the CNN's chains are ordered apart otherwise).
+FUSIONS_TEST = ("tests/strategies/test_fusions.py::test_a_planned_step_runs_as_many_fused_kernels_as_the_default_placement[cnn]",)
 # The callback door's step compiled with XLA: the default placement every plan is judged against.
 XLA_TESTS = ("tests/strategies/test_xla.py",)
 # A model whose layer draws unseeded random numbers (Keras' global seed generator), trained as plain Keras is.
@@ -305,6 +310,21 @@ MUTATIONS = [
     Mutation("XLA stays off when the plan is dropped", "kerasflow/strategies/driver.py",
              "            self.xla.restore()  # Keras' train function, made anew below or by the trial, compiles with XLA",
              "            pass", XLA_TESTS),
+    Mutation("a replica's rows of the batch arrive free in the simulator", "kerasflow/planner/taskgraph.py",
+             "                    home = self.batch_holder  # the replica's rows of the batch, sent from there",
+             "                    pass"),
+    Mutation("a replica's rows are sent wave by wave in the simulator", "kerasflow/planner/taskgraph.py",
+             "            if dp and k >= 0 and len(waves) > 1 and out.scales_with_batch and resource[src] != "
+             "resource[waves[0][0][0]]:", "            if False:"),
+    Mutation("each replica's rows are cut on the last replica's device", "kerasflow/strategies/steps.py",
+             "        with tf.device(_held_on(x)), tf.name_scope(WAVES_SCOPE):",
+             "        with tf.device(devices[-1]), tf.name_scope(WAVES_SCOPE):", ROWS_TEST),
+    Mutation("a fused chain is ordered like any op", "kerasflow/strategies/applier.py",
+             "            names = [task for task in names if parse_copy_name(task)[0] not in self.unordered]",
+             "            names = list(names)", FUSIONS_TEST),
+    Mutation("split='auto' never splits", "kerasflow/strategies/planning_in_fit.py",
+             "    return options.split == \"on\" or not cluster.shares_compute(cluster.device_names)",
+             "    return options.split == \"on\"", OPTIONS_TESTS),
 ]
 
 

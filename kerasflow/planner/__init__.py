@@ -35,7 +35,7 @@ from .errors import (
 )
 from .graph import PHASES, Affine, Edge, Op, OpGraph
 from .plan import DataParallel, Plan, Shard, Waves
-from .simulator import SimulationResult, Transfer, simulate
+from .simulator import Collective, SimulationResult, Transfer, simulate
 
 # Imported last: binds ``kerasflow.planner.plan`` to the function (the module stays
 # importable as ``kerasflow.planner.plan`` through sys.modules for ``Plan``).
@@ -48,7 +48,7 @@ __all__ = [
     "Affine", "Op", "Edge", "OpGraph", "PHASES",
     "Device", "Link", "Cluster",
     "Shard", "Waves", "DataParallel", "Plan",
-    "simulate", "SimulationResult", "Transfer",
+    "simulate", "SimulationResult", "Transfer", "Collective",
     "plan", "ranked_plans", "rerank", "heft", "cpop",
     "single_device", "data_parallel", "one_copy_data_parallel", "layerwise_model_parallel", "lower_bound", "LowerBound",
     "step_time_bound", "StepTimeBound",

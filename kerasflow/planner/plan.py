@@ -122,14 +122,15 @@ class Waves:
 class DataParallel:
     """Data parallelism: every device runs the whole step on an equal share of the batch.
 
-    Gradients are combined by a ring all-reduce (``2(D-1)/D`` x gradient bytes over the
+    Gradients are summed by an all-reduce (at run time one TensorFlow collective per fused
+    buffer; priced as the ring algorithm runs it, ``2(D-1)/D`` x gradient bytes over the
     slowest link) and every device keeps a replica of the weights.
 
     Args:
         devices: the replicas' devices.
-        allreduce: how gradients are summed (``"ring"``).
+        allreduce: how the all-reduce is priced (``"ring"``: the ring algorithm).
         synchronized: BatchNormalization in training normalizes with the whole batch's
-            statistics, as one device does (each a ring all-reduce forward and backward);
+            statistics, as one device does (each an all-reduce forward and backward);
             False: with each replica's own share's, as ``tf.distribute.MirroredStrategy`` does
             (a plan file without the field was made before kerasflow synchronized them).
 

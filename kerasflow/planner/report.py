@@ -104,7 +104,7 @@ def plan_summary(plan, graph=None, cluster=None) -> str:
                 text += f"; wave {w} runs " + ", ".join(f"{a}->{b}" for a, b in sorted(moved.items()))
         lines.append(text)
     if plan.data_parallel is not None:
-        lines.append(f"Data parallel over {len(plan.data_parallel.devices)} devices, ring all-reduce")
+        lines.append(f"Data parallel over {len(plan.data_parallel.devices)} devices, collective all-reduce")
     if plan.candidates:
         ranked = sorted(plan.candidates.items(), key=lambda item: item[1])
         lines.append("Candidates (predicted step): " + ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in ranked))

@@ -1,6 +1,14 @@
-"""The ring all-reduce of data parallelism: how a gradient is cut into chunks and which device
-sends which chunk to which at every step (one schedule, read by the simulator and run by the
-runtime).
+"""The buffers data parallelism sums gradients in, and the ring schedules of the values a
+collective cannot sum.
+
+Dense gradients are fused into buffers of at most ``FUSION_BUFFER_BYTES`` first (``fusion_buffers``),
+and each buffer is summed by one collective all-reduce (``strategies.collectives``; the
+simulator prices it as the ring algorithm runs: ``2 (D - 1)`` steps of ``1 / D`` of the buffer),
+so a step pays the all-reduce's per-step costs per buffer, not per weight.
+
+The runtime builds a ring from TensorFlow ops only for what a collective cannot sum: a value
+whose shape is known only when the step runs (``ring_schedule``), and a sparse gradient's rows,
+which every replica gathers (``gather_schedule``, which the simulator sends as such).
 
 ``D`` devices stand in a ring, in the order the plan lists them; position ``i`` sends only to
 position ``i + 1`` (mod ``D``). The gradient is cut into ``D`` chunks. In the ``D - 1`` steps of
@@ -13,10 +21,6 @@ each link carries ``2 (D - 1)`` chunks: ``2 (D - 1) / D`` of the gradient.
 A sparse gradient (an embedding's rows) is not summed but gathered (``gather_schedule``): at
 step ``s`` position ``i`` passes on the rows of replica ``i - s``, so after ``D - 1`` steps every
 device holds every replica's rows.
-
-Dense gradients are fused into buffers of at most ``FUSION_BUFFER_BYTES`` first (``fusion_buffers``),
-and each buffer goes around the ring once, so a step pays the ring's per-step costs per buffer,
-not per weight.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-__all__ = ["RingSend", "FUSION_BUFFER_BYTES", "fusion_buffers", "ring_chunks", "ring_schedule", "ring_transfers",
-           "gather_schedule", "gather_transfers"]
+__all__ = ["RingSend", "FUSION_BUFFER_BYTES", "fusion_buffers", "ring_chunks", "ring_schedule", "gather_schedule",
+           "gather_transfers"]
 
 # All-reduce libraries fuse gradients into buffers before reducing them (Horovod's tensor
 # fusion: 64 MiB; PyTorch DDP's buckets: 25 MiB; tf.distribute's NCCL all-reduce packs the
@@ -111,20 +115,6 @@ def ring_schedule(parts: int) -> list[RingSend]:
         sends.extend(RingSend(parts - 1 + step, i, (i + 1) % parts, (i + 1 - step) % parts, False)
                      for i in range(parts))
     return sends
-
-
-def ring_transfers(devices: list[str], gradient_bytes: float, itemsize: int = 4) -> list[tuple[str, str, float]]:
-    """The ``(src device, dst device, bytes)`` of every chunk a ring all-reduce of one gradient
-    of ``gradient_bytes`` sends (elements of ``itemsize`` bytes: float32 by default).
-
-    Example:
-        >>> ring_transfers(["/CPU:0", "/CPU:1"], 40.0)
-        [('/CPU:0', '/CPU:1', 20.0), ('/CPU:1', '/CPU:0', 20.0), ('/CPU:0', '/CPU:1', 20.0), ('/CPU:1', '/CPU:0', 20.0)]
-    """
-    if len(devices) < 2:
-        return []
-    chunks = ring_chunks(round(gradient_bytes / itemsize), len(devices))
-    return [(devices[s.src], devices[s.dst], float(chunks[s.chunk] * itemsize)) for s in ring_schedule(len(devices))]
 
 
 def gather_schedule(parts: int) -> list[RingSend]:

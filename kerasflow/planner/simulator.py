@@ -25,12 +25,13 @@ from .cluster import Cluster
 from .errors import SimulationError
 from .graph import OpGraph
 from .plan import Plan
-from .ring import gather_transfers, ring_transfers
+from .ring import gather_transfers
 from .sharedloop import run_shared
 from .taskgraph import TaskGraph, build_task_graph, queued_tasks
 from .tasknames import replica_template
 
-__all__ = ["simulate", "simulate_tasks", "run_task_graph", "SimulationResult", "Transfer", "STEP_OVERHEAD_FIELD"]
+__all__ = ["simulate", "simulate_tasks", "run_task_graph", "SimulationResult", "Transfer", "Collective",
+           "STEP_OVERHEAD_FIELD"]
 
 # A profile's seconds per step spent outside the step's ops: the training loop's own time around
 # each call of the train function (Keras' callbacks and logs), measured inside ``fit``. The same
@@ -56,6 +57,24 @@ class Transfer:
     bytes: float
 
 
+@dataclass(frozen=True)
+class Collective:
+    """One all-reduce the step runs as a collective: one op on each of ``devices``, all summing
+    a value of ``bytes`` (a buffer of fused gradients, a batch statistic), priced as a ring
+    all-reduce (``TaskGraph`` role ``"allreduce"``).
+
+    Example:
+        >>> Collective("fused(2 gradients, first g:0@allreduce)", ("/GPU:0", "/GPU:1"), 0.0, 1e-3, 4e6).bytes
+        4000000.0
+    """
+
+    task: str
+    devices: tuple[str, ...]
+    start: float
+    end: float
+    bytes: float
+
+
 @dataclass
 class SimulationResult:
     """What one simulated step did.
@@ -70,9 +89,11 @@ class SimulationResult:
         utilization: ``busy / makespan`` per device.
         link_bytes: bytes moved per ``(src, dst)`` device pair.
         transfers: every transfer between two tasks, in start order.
-        ring_transfers: every chunk the all-reduce ring sends (``ring.ring_transfers``), the
-            gradients fused into buffers as the runtime fuses them (``ring.fusion_buffers``);
-            not in ``link_bytes``: the ring's own resource times the all-reduce.
+        collectives: every all-reduce of dense values (``Collective``), the gradients fused
+            into buffers as the runtime fuses them (``ring.fusion_buffers``).
+        ring_transfers: every piece a ring all-gather of a sparse gradient's rows sends
+            (``ring.gather_transfers``). Neither is in ``link_bytes``: the ring's own resource
+            times them.
         peak_memory: highest bytes live per device (weights and optimizer slots,
             outputs from their producer's start to their last consumer's end, temp
             bytes during the op).
@@ -107,6 +128,7 @@ class SimulationResult:
     task_role: list[str] = field(default_factory=list, repr=False)
     task_wave: list[int] = field(default_factory=list, repr=False)
     dispatch_order: list[int] = field(default_factory=list, repr=False)
+    collectives: list[Collective] = field(default_factory=list, repr=False)
     ring_transfers: list[Transfer] = field(default_factory=list, repr=False)
     start_order_replays: bool = field(default=False, repr=False)
 
@@ -442,25 +464,26 @@ def _result(tg: TaskGraph, start, end, transfers, memory: bool) -> SimulationRes
                 waves.append(tg.wave[t])
     return SimulationResult(makespan, task_names, start, end, task_device, busy, utilization,
                             link_bytes, records, peak, timeline, roles, waves,
-                            ring_transfers=_ring_transfers(tg, start, end))
+                            collectives=_collectives(tg, start, end), ring_transfers=_gathers(tg, start, end))
 
 
-def _ring_transfers(tg: TaskGraph, start, end) -> list[Transfer]:
-    """The chunks the ring sends: each sparse gradient's rows gathered; each buffer of fused
-    dense gradients, and any other all-reduced value, once around the ring."""
-    if not tg.ring_devices:
-        return []
-    transfers = []
+def _collectives(tg: TaskGraph, start, end) -> list[Collective]:
+    """Each buffer of fused dense gradients, and any other all-reduced dense value, as one collective."""
+    collectives = []
     for t in range(len(tg)):
-        if tg.role[t] != "allreduce":
-            continue
-        if t in tg.gathered_allreduces:
-            sends = gather_transfers(tg.ring_devices, tg.gathered_allreduces[t])
-        else:
-            sends = ring_transfers(tg.ring_devices, tg.out_sizes[t][0])
-        fused = tg.gradient_allreduces.get(t, 1)
-        name = tg.names[t] if fused == 1 else f"fused({fused} gradients, first {tg.names[t]})"
-        transfers.extend(Transfer(name, 0, src, dst, start[t], end[t], nbytes) for src, dst, nbytes in sends)
+        if tg.role[t] == "allreduce" and t not in tg.gathered_allreduces:
+            fused = tg.gradient_allreduces.get(t, 1)
+            name = tg.names[t] if fused == 1 else f"fused({fused} gradients, first {tg.names[t]})"
+            collectives.append(Collective(name, tuple(tg.ring_devices), start[t], end[t], tg.out_sizes[t][0]))
+    return collectives
+
+
+def _gathers(tg: TaskGraph, start, end) -> list[Transfer]:
+    """The pieces the ring sends to gather each sparse gradient's rows on every replica."""
+    transfers = []
+    for t in tg.gathered_allreduces:
+        transfers.extend(Transfer(tg.names[t], 0, src, dst, start[t], end[t], nbytes)
+                         for src, dst, nbytes in gather_transfers(tg.ring_devices, tg.gathered_allreduces[t]))
     return transfers
 
 

@@ -2,7 +2,7 @@
 
 A plan's splits, waves and replicas turn one op into several copies, and add the work
 they cost: ``split`` copies of a tensor into shards, ``concat``/``sum`` of shard outputs
-(activations are concatenated, gradients summed), a ring ``allreduce`` per fused buffer of
+(activations are concatenated, gradients summed), an ``allreduce`` (a collective, priced as a ring) per fused buffer of
 gradients for data parallelism (it starts when the buffer's last gradient is ready, as the
 runtime's does), and a ``barrier`` that holds a wave's forward pass until the previous
 wave's forward pass is done. Everything here is plain lists indexed by task id, because
@@ -244,6 +244,9 @@ class _Builder:
         self.dp = self.plan.data_parallel is not None
         self.replicas = self.replica_devices if self.dp else [None]
         self.replica_batch = self.batch / len(self.replicas)
+        # Where a data-parallel step's batch is held and cut: each replica's rows are sent from
+        # there (``op_copies``). The first replica's device: on logical CPUs the host's CPU is.
+        self.batch_holder = self.replicas[0]
 
     def build(self) -> TaskGraph:
         self.resolve()
@@ -263,12 +266,14 @@ class _Builder:
         (wave and shard -1 for an op that runs once per replica, replica -1 without replicas).
         What ``_build_general`` builds and the bounds (``busiest_device_seconds``,
         ``longest_chain_seconds``) read."""
-        dp, groups = self.dp, split_groups(self.graph)
+        dp, groups, ops = self.dp, split_groups(self.graph), self.graph.ops
         updates = batch_statistics(self.graph).updates
         for r, replica_device in enumerate(self.replicas):
             replica = r if dp else -1
             for i in self.graph._structure.topo:
                 home = replica_device if dp else self.place[i]
+                if dp and ops[i].type == "Placeholder" and any(b.scales_with_batch for b in ops[i].output_bytes):
+                    home = self.batch_holder  # the replica's rows of the batch, sent from there
                 if not self.is_batch[i]:
                     yield replica, i, home, self.replica_batch, -1, -1
                     continue
@@ -353,6 +358,9 @@ class _Builder:
                 tg.mirrors = replicas[1:]
                 tg.replica_home = replicas[0]
                 self.replicas = replicas[:1]
+                # The replica simulated stands for every replica: like all but the one holding
+                # the batch, it receives its rows (from a mirror's device, over an identical link).
+                self.batch_holder = replicas[1]
         replicas = self.replicas
         # Per replica: task of each non-batch op, and per batch op per wave a list of
         # (task, batch) per shard.
@@ -430,10 +438,18 @@ class _Builder:
                 # A variable's handle passed to a loop that reads it inside: a copy of the loop
                 # away from the variable computes with the weights read for it and sent over.
                 out, sent = Affine(float(ops[p].persistent_bytes), 0.0), float(ops[p].persistent_bytes)
+            waves, resource = self.copies[r][c], self.tg.resource
+            if dp and k >= 0 and len(waves) > 1 and out.scales_with_batch and resource[src] != resource[waves[0][0][0]]:
+                # A replica's rows of the batch, received once and cut into waves on its
+                # device, as the runtime cuts them.
+                targets = [target for per_wave in waves for target in per_wave]
+                self._one_to_many(src, k, out, sent, targets, (p, k, r, self.signature[c]),
+                                  device=resource[targets[0][0]])
+                return
             # Each wave runs the model's call again, so it reads a weight (or computes any
             # other value that does not scale with the batch) again, and sends it again to a
             # copy on another device.
-            for w, targets in enumerate(self.copies[r][c]):
+            for w, targets in enumerate(waves):
                 self._one_to_many(src, k, out, sent, targets, (p, k, r, w, self.signature[c]),
                                   wave=w if self.wave_count > 1 else -1)
             return
@@ -450,7 +466,7 @@ class _Builder:
             else:
                 self._many_to_one(sources, k, out, target, (p, k, r))
             return
-        if synchronized_reduction:  # the whole batch's statistic, or its gradient: summed by the ring
+        if synchronized_reduction:  # the whole batch's statistic, or its gradient: all-reduced
             for target, _ in self.copies[r][c][0]:
                 self._allreduce(p, k, out, target)
             return
@@ -491,9 +507,11 @@ class _Builder:
             return wave * len(self.rank) + self.rank[op]
         return self.rank[op] * self.wave_count + wave
 
-    def _one_to_many(self, src, k, out: Affine, src_bytes, targets, key, wave: int = -1) -> None:
+    def _one_to_many(self, src, k, out: Affine, src_bytes, targets, key, wave: int = -1,
+                     device: int | None = None) -> None:
         """Sends ``src``'s output to each target copy, through a split task when sliced (per
-        ``wave`` when it is one wave's read of a value, see ``_edge``)."""
+        ``wave`` when it is one wave's read of a value, see ``_edge``), on ``device`` (default:
+        ``src``'s)."""
         if k < 0 or len(targets) == 1 or not out.scales_with_batch:
             for dst, db in targets:
                 self._edge(src, k, min(src_bytes, out.at(db)) if k >= 0 else 0.0, dst, wave)
@@ -501,7 +519,7 @@ class _Builder:
         splitter = self.splitters.get(key)
         if splitter is None:
             tg = self.tg
-            device = tg.resource[src]
+            device = tg.resource[src] if device is None else device
             sizes = tuple(out.at(db) for _, db in targets)
             splitter = tg.add(auxiliary_name(tg.names[src], k, "split"), -1, "split", device,
                               self._copy_seconds(device, src_bytes, sum(sizes)), sizes, 0.0, 0.0,
@@ -541,7 +559,7 @@ class _Builder:
         return combine
 
     def _allreduce(self, p: int, k: int, out: Affine, target: int, gather: bool = False) -> None:
-        """The ring's reduction of output ``k`` of the batch op ``p`` for ``target``: noted here,
+        """The all-reduce of output ``k`` of the batch op ``p`` for ``target``: noted here,
         built by ``_build_allreduces`` once every target is known; with ``gather``, the ring
         passing every replica's rows of a sparse gradient to every other (D - 1 steps of one
         piece per link), built now."""
@@ -562,7 +580,7 @@ class _Builder:
         self._edge(ar, 0, 0.0, target)
 
     def _build_allreduces(self) -> None:
-        """The ring's sums. A weight's gradient (a backward value only updates read) is fused with
+        """The all-reduces. A weight's gradient (a backward value only updates read) is fused with
         the others of its update round into buffers as the runtime fuses them
         (``ring.fusion_buffers``): a buffer's all-reduce waits for every one of its gradients on
         every replica, and their updates wait for it, so it overlaps only the backward work left
@@ -614,20 +632,19 @@ class _Builder:
         every replica's copies of each and feeding each one's targets.
 
         Each replica copies the buffer in and out on its own device, as
-        ``strategies.replicas`` does: in, the members concatenated into one flat buffer (when
-        there are several) and the buffer cut into the ring's chunks; out, the summed chunks
-        joined and the buffer cut back into its members (when there are several).
+        ``strategies.replicas`` does when there are several members: in, the members
+        concatenated into one flat buffer; out, the summed buffer cut back into its members.
+        The collective itself takes and gives the flat buffer (a lone member is only reshaped).
         """
         tg = self.tg
         p, k = members[0]
         name, priority = self.graph.ops[p].name, min(self.rank[q] for q, _ in members) + 0.5
         ar = tg.add(auxiliary_name(name, k, "allreduce"), -1, "allreduce", tg.ring, seconds,
                     (nbytes,), 0.0, 0.0, priority)
-        copies = 1 + (len(members) > 1)  # kernels each way: a chunk split or join, and the fusing one
         packs, unpacks = [], []
         for r in range(len(self.copies)):
             device = tg.resource[self.copies[r][p][0][0][0]]
-            seconds_each_way = copies * self._copy_seconds(device, nbytes, nbytes)
+            seconds_each_way = self._copy_seconds(device, nbytes, nbytes) if len(members) > 1 else 0.0
             packs.append(tg.add(auxiliary_name(name, k, "concat", replica=r), -1, "concat", device,
                                 seconds_each_way, (nbytes,), 0.0, 0.0, priority, replica=r, size=nbytes))
             unpacks.append(tg.add(auxiliary_name(name, k, "split", replica=r), -1, "split", device,
@@ -642,8 +659,9 @@ class _Builder:
         return ar
 
     def _ring_seconds(self, nbytes: float, latency_share: float = 1.0) -> float:
-        """A ring all-reduce of ``nbytes``: 2 (D - 1) steps, each paying ``latency_share`` of the
-        link's latency and one chunk (1/D of the bytes)."""
+        """A collective all-reduce of ``nbytes``, priced as the ring algorithm runs it: 2 (D - 1)
+        steps, each paying ``latency_share`` of the slowest link's latency and one chunk (1/D of
+        the bytes) over it."""
         replicas, link = self.ring_size, self.ring_link
         if link is None:
             return 0.0

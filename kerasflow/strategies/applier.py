@@ -260,7 +260,7 @@ class PlanApplier:
                 continue
             device, by_layer = self.device_for(op.name, op.type)
             if device is None and self.plan.data_parallel is not None and op.device:
-                report.placed += 1  # the ring and the batch's shares: placed where the step made them
+                report.placed += 1  # the all-reduces and the batch's shares: placed where the step made them
                 continue
             if device is None:
                 report.unplaced.append(op.name)

@@ -1,14 +1,16 @@
 """The whole batch's BatchNormalization statistics across replicas or shards, as one device computes them.
 
 Each replica normalizes its share of the batch with the statistics of the whole batch: it sums
-its share, the replicas' sums are added by a ring all-reduce (``ring_all_reduce``), and the mean
+its share, the replicas' sums are added by a collective all-reduce (``Collectives``; a ring
+built from TensorFlow ops when the layer's channels are known only when the step runs), and the mean
 is that total over the whole batch's count; the variance is then summed the same way, around
 the mean (two passes, as ``tf.nn.moments`` computes it on one device). Backward, the gradient
 reaching each total is all-reduced the same way (a custom gradient), so every replica's
 gradients are its share of the whole batch's. That makes four all-reduces of one value per
 channel per layer and step, each a point where every replica waits for all the others, so the
-replicas are traced in lockstep (``Lockstep``). ``planner.taskgraph`` simulates the same four
-rings, at the ops where one device reduces the batch.
+replicas are traced in lockstep (``Lockstep``), so that each sum's collective is made for every
+replica at once. ``planner.taskgraph`` simulates the same four all-reduces, at the ops where one
+device reduces the batch.
 
 A split BatchNormalization layer's shards do the same within one replica (``ShardStatistics``):
 each shard takes the mean of its rows on its device, the means, weighted by their rows, are
@@ -27,6 +29,7 @@ import tensorflow as tf
 
 from kerasflow import _compat
 from kerasflow.planner.errors import KerasflowError
+from kerasflow.strategies.collectives import Collectives, summable
 from kerasflow.strategies.lockstep import Lockstep
 from kerasflow.strategies.replicas import ring_all_reduce
 from kerasflow.strategies.scopes import BATCH_STATISTICS_SCOPE, gradient_scope
@@ -48,13 +51,13 @@ def synchronized_layers(model) -> list:
 
 
 @contextlib.contextmanager
-def whole_batch_statistics(layers: list, lockstep: Lockstep, devices: list[str], batch):
+def whole_batch_statistics(layers: list, lockstep: Lockstep, collectives: Collectives, batch):
     """While inside, each of ``layers`` computes its moments across the replicas of ``lockstep``
-    (``devices[r]`` runs replica ``r``), for a whole batch of ``batch`` rows."""
+    (``collectives.devices[r]`` runs replica ``r``), for a whole batch of ``batch`` rows."""
     with contextlib.ExitStack() as patches:
         for layer in layers:
             patches.enter_context(_compat.overridden(layer, "_moments",
-                                                     functools.partial(_moments, layer, lockstep, devices, batch)))
+                                                     functools.partial(_moments, layer, lockstep, collectives, batch)))
         yield
 
 
@@ -157,7 +160,7 @@ class ShardStatistics:
                 yield
 
 
-def _moments(layer, lockstep: Lockstep, devices: list[str], batch, inputs, mask):
+def _moments(layer, lockstep: Lockstep, collectives: Collectives, batch, inputs, mask):
     """The whole batch's mean and variance for the calling replica's share ``inputs``."""
     if mask is not None:
         raise KerasflowError(f"A data-parallel plan cannot compute the whole batch's statistics of a masked "
@@ -168,34 +171,37 @@ def _moments(layer, lockstep: Lockstep, devices: list[str], batch, inputs, mask)
     for axis in axes:
         if axis != 0:
             count = count * tf.cast(tf.shape(inputs)[axis], inputs.dtype)
-    mean = _total(tf.reduce_sum(inputs, axes, keepdims=True), lockstep, devices) / count
+    mean = _total(tf.reduce_sum(inputs, axes, keepdims=True), lockstep, collectives) / count
     deviation = tf.reduce_sum(tf.math.squared_difference(inputs, tf.stop_gradient(mean)), axes, keepdims=True)
-    variance = _total(deviation, lockstep, devices) / count
+    variance = _total(deviation, lockstep, collectives) / count
     return tf.squeeze(mean, axes), tf.squeeze(variance, axes)
 
 
-def _total(local, lockstep: Lockstep, devices: list[str]):
+def _total(local, lockstep: Lockstep, collectives: Collectives):
     """Every replica's ``local`` summed; its gradient, every replica's gradient summed."""
 
-    def around_the_ring(values):
+    def all_reduced(values):
         with tf.name_scope(BATCH_STATISTICS_SCOPE + "/"):  # outside any replica's scope: each op keeps its device
-            return ring_all_reduce(values, devices)
+            if all(summable(value) for value in values):
+                return collectives.all_reduce(values)
+            return ring_all_reduce(values, collectives.devices)
 
     def other_replicas_cut(values):
         # tf.custom_gradient looks for the variables the body reads by walking back from its
-        # outputs to its input; the ring reaches every other replica's value, and through
-        # them the whole step traced so far (quadratic in it, for every call). The gradient
-        # is the custom one anyway: a StopGradient (an identity) on each value ends the walk.
+        # outputs to its input; a ring (where a collective cannot sum) reaches every other
+        # replica's value, and through them the whole step traced so far (quadratic in it, for
+        # every call). The gradient is the custom one anyway: a StopGradient (an identity) on
+        # each value ends the walk.
         cut = []
-        for value, device in zip(values, devices):
+        for value, device in zip(values, collectives.devices):
             with tf.device(device), tf.name_scope(BATCH_STATISTICS_SCOPE + "/"):
                 cut.append(tf.stop_gradient(value))
-        return around_the_ring(cut)
+        return all_reduced(cut)
 
     @tf.custom_gradient
     def summed(value):
         def gradient(upstream):
-            return lockstep.exchange(upstream, around_the_ring)
+            return lockstep.exchange(upstream, all_reduced)
 
         return lockstep.exchange(value, other_replicas_cut), gradient
 

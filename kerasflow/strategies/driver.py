@@ -414,8 +414,9 @@ class Driver:
         check, parts = self.placement, self.in_force_parts
         if self.fallback is not None:
             kept = self.plan is not None and self.plan.algorithm == DEFAULT_PLACEMENT
-            return PlacementReport(check.mismatches or [], in_force=False, fallback=self.fallback, default_kept=kept)
-        if check.mismatches is None:
+            mismatches = check.executed.mismatches if check.executed is not None else []
+            return PlacementReport(mismatches, in_force=False, fallback=self.fallback, default_kept=kept)
+        if check.executed is None:
             return None
-        return PlacementReport(check.mismatches, in_force=self.in_force, transfers=check.transfers,
-                               not_applied=parts.applier.not_applied() if parts else ())
+        return PlacementReport.of_step(check.executed, in_force=self.in_force,
+                                       not_applied=parts.applier.not_applied() if parts else ())

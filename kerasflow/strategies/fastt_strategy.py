@@ -86,17 +86,19 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             of raising on a mismatch).
         warmup_steps: steps before profiling (>= 2).
         profile_steps: profiled steps.
-        split: let the planner split layers across devices (default False: split plans run
-            with the transfers the simulator predicts, but on the CPU testbed they beat the
-            unsplit plan on three models of five in one run and on four in another, losing on
-            the rest; see ``docs/benchmarks.md``).
+        split: let the planner split layers across devices (FastT's op splitting on the
+            critical path): ``"auto"`` (the default) splits where no two devices of the cluster
+            share compute (GPUs, several hosts, ``cpu-testbed:N``) and not on logical CPUs of one
+            host, which share its cores, so no split can win there; ``"on"`` or ``"off"`` always
+            or never (True and False, as earlier versions took, are ``"on"`` and ``"off"``). A
+            model with its own ``train_step`` is never split.
         tick_tock: ``"auto"``, ``"on"`` or ``"off"`` (see ``kerasflow.plan``).
         replicated: whether the planner may replicate the whole step on every device (data
-            parallelism: a copy of the weights per device, the gradients summed by a ring
-            all-reduce). ``"auto"`` (the default) allows it where the replicas keep the model's
+            parallelism: a copy of the weights per device, the gradients summed by TensorFlow's
+            collective all-reduce). ``"auto"`` (the default) allows it where the replicas keep the model's
             math: a Keras 3 model with its own ``train_step`` left to Keras, on one host, and no
             random or unknown batch-coupled layer (BatchNormalization is fine: the replicas
-            normalize with the whole batch's statistics, summed around the ring); ``"on"``
+            normalize with the whole batch's statistics, summed by collectives); ``"on"``
             allows it with random layers too (each replica draws its own numbers) and also
             tries ``MirroredStrategy``'s math for BatchNormalization (each replica's own
             statistics, which wins a tie with the plan that sums them); ``"off"`` never.
@@ -149,7 +151,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
 
     def __init__(self, devices: list[str] | None = None, cluster: Cluster | str | None = None,
                  plan: Plan | str | None = None, warmup_steps: int | None = None, profile_steps: int | None = None,
-                 split: bool | None = None, tick_tock: str | None = None, replicated: str | None = None,
+                 split: str | bool | None = None, tick_tock: str | None = None, replicated: str | None = None,
                  memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None,
                  on_mismatch: str | None = None,
                  drop_slower_plan: bool | None = None, cluster_resolver: Any = None, inter_host_link: Any = "measure",

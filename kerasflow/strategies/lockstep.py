@@ -6,7 +6,7 @@ replica's partial sums before replica 1 has made them. ``Lockstep.run`` traces e
 in a thread of its own, but only one thread builds ops at a time (a TensorFlow graph is not
 built concurrently): a thread runs until it reaches an ``exchange``, leaves its value there and
 hands the turn to the next replica. The last replica to arrive combines everyone's values
-(``combine`` builds the ops that do it, e.g. a ring all-reduce) and the turn goes round again,
+(``combine`` builds the ops that do it, e.g. a collective all-reduce) and the turn goes round again,
 each thread leaving with its own replica's share of the result. Every replica meets the same
 exchanges in the same order, as they run the same layers; one that does not is an error.
 

@@ -1,8 +1,10 @@
 """Reads where the planned step's ops really ran, and what crossed devices, from one executed step.
 
 TensorFlow records the partition graphs (one per device) of the next function call once
-``enable_run_metadata`` is on; every op is compared with the device the plan gave it, and
-every tensor sent from one device's partition to another's is listed with its size.
+``enable_run_metadata`` is on; every op is compared with the device the plan gave it, every
+tensor sent from one device's partition to another's is listed with its size, so is every
+device's op of a collective all-reduce (whose sends the partition graphs do not show), and the
+kernels TensorFlow's graph optimizer fused from chains of ops are counted (``fused_kernel_count``).
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ import dataclasses
 from kerasflow.devices import normalize_device
 from kerasflow.strategies.applier import PlanApplier
 
-__all__ = ["ExecutedTransfer", "PlacementMismatch", "PlacementReport", "start_recording", "read_back"]
+__all__ = ["ExecutedTransfer", "ExecutedCollective", "ExecutedStep", "PlacementMismatch", "PlacementReport",
+           "start_recording", "stop_recording", "read_back", "fused_kernel_count"]
 
 _NOT_PLACED = ("_Send", "_Recv", "_Arg", "_Retval", "NoOp", "Const")
 # Ops on lookup tables run where the table was created, whatever a plan says.
 _TABLE_OPS = ("LookupTable", "HashTable", "InitializeTable", "MutableHashTable", "MutableDenseHashTable")
 _RESOURCE_OPS = ("ReadVariableOp", "VariableShape", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
                  "ResourceApply", "ResourceGather", "ResourceScatter", "VarHandleOp", "VarIsInitializedOp")
+# The oneDNN prefixes of an internal op type ("_MklNativeFusedConv2D": "_", "Mkl", "Native").
+_INTERNAL_PREFIXES = ("Mkl", "Native")
 
 
 @dataclasses.dataclass
@@ -47,6 +52,38 @@ class ExecutedTransfer:
     bytes: float | None
 
 
+@dataclasses.dataclass(frozen=True)
+class ExecutedCollective:
+    """One op of a collective the executed step ran: a device's part of an all-reduce.
+
+    Attributes:
+        op: its name in the traced step.
+        device: the device it ran on.
+        bytes: the size of the value it sums, from the traced step's static shape.
+    """
+
+    op: str
+    device: str
+    bytes: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutedStep:
+    """What one recorded step did (``read_back``).
+
+    Attributes:
+        mismatches: the ``PlacementMismatch`` list: ops that did not run where planned.
+        transfers: the ``ExecutedTransfer`` list: tensors sent from one device to another.
+        collectives: the ``ExecutedCollective`` list: every device's op of every all-reduce.
+        fused_kernels: how many fused kernels it ran (``fused_kernel_count``).
+    """
+
+    mismatches: list
+    transfers: list
+    collectives: list
+    fused_kernels: int
+
+
 class PlacementReport(list):
     """The ops that did not land where the plan put them, and whether the plan is in force now.
 
@@ -54,8 +91,10 @@ class PlacementReport(list):
     ``in_force`` (False once training went back to the default placement, or when the planner
     kept it: ``default_kept``), ``fallback`` (why, else None), ``not_applied`` (the parts of the
     plan that are not running, each with its reason: a per-device order TensorFlow refused, ops
-    the plan has no device for)
-    and ``transfers`` (the ``ExecutedTransfer`` list of the step read back: what crossed devices).
+    the plan has no device for), and what the step read back did: ``transfers`` (the
+    ``ExecutedTransfer`` list: what crossed devices), ``collectives`` (the ``ExecutedCollective``
+    list: a data-parallel plan's all-reduces, one op per device) and ``fused_kernels`` (how many
+    fused kernels it ran, ``fused_kernel_count``; None when no step was read back).
 
     Example:
         >>> report = PlacementReport([], in_force=False, fallback="rebuilding failed")
@@ -66,13 +105,22 @@ class PlacementReport(list):
     """
 
     def __init__(self, mismatches=(), *, in_force: bool = True, fallback: str | None = None,
-                 not_applied=(), transfers=(), default_kept: bool = False):
+                 not_applied=(), default_kept: bool = False, transfers=(), collectives=(),
+                 fused_kernels: int | None = None):
         super().__init__(mismatches)
         self.in_force = in_force
         self.default_kept = default_kept
         self.fallback = fallback
         self.not_applied = list(not_applied)
         self.transfers = list(transfers)
+        self.collectives = list(collectives)
+        self.fused_kernels = fused_kernels
+
+    @classmethod
+    def of_step(cls, step: ExecutedStep, *, in_force: bool, not_applied=()) -> "PlacementReport":
+        """The report of a plan whose first step ``step`` was read back."""
+        return cls(step.mismatches, in_force=in_force, not_applied=not_applied, transfers=step.transfers,
+                   collectives=step.collectives, fused_kernels=step.fused_kernels)
 
     def summary(self) -> str:
         """One line: whether the plan is in force, how many ops ran off it, and what is not applied."""
@@ -85,18 +133,16 @@ class PlacementReport(list):
 
 
 class PlacementCheck:
-    """Reads back where the first step of each plan put its ops (``read_back``): ``arm`` after a
-    switch, ``before_step`` records the next step, ``after_step`` reads it back.
+    """Reads back what the first step of each plan did (``read_back``): ``arm`` after a switch,
+    ``before_step`` records the next step, ``after_step`` reads it back.
 
     Attributes:
-        mismatches: the ops off the plan (None before a plan ran a step).
-        transfers: what that step sent between devices.
+        executed: the ``ExecutedStep`` read back (None before a plan ran a step).
     """
 
     def __init__(self):
         self.armed = False
-        self.mismatches: list | None = None
-        self.transfers: list = []
+        self.executed: ExecutedStep | None = None
 
     def arm(self) -> None:
         """The next step is the first of a plan: record it."""
@@ -112,7 +158,7 @@ class PlacementCheck:
         if not self.armed:
             return False
         self.armed = False
-        self.mismatches, self.transfers = read_back(applier)
+        self.executed = read_back(applier)
         return True
 
 
@@ -123,17 +169,73 @@ def start_recording() -> None:
     context.context().enable_run_metadata()
 
 
-def read_back(applier: PlanApplier) -> tuple[list[PlacementMismatch], list[ExecutedTransfer]]:
-    """The ops of the recorded step that ran off the plan, and the tensors it sent between
-    devices (stops recording)."""
+def stop_recording() -> list:
+    """Stops recording and returns the partition graphs recorded since ``start_recording``.
+
+    TensorFlow records a function's partition graphs when it instantiates the function: record
+    the call that traces a step (a plan's first step, ``fit``'s first) to read that step.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> dense = tf.function(lambda x, w, b: tf.nn.relu(tf.nn.bias_add(tf.matmul(x, w), b)))
+        >>> start_recording()
+        >>> _ = dense(tf.ones((4, 3)), tf.ones((3, 2)), tf.zeros(2))  # traced, instantiated: recorded
+        >>> fused_kernel_count(stop_recording())  # the matmul, its bias and activation: one kernel
+        1
+    """
     from tensorflow.python.eager import context
 
     metadata = context.context().export_run_metadata()
     context.context().disable_run_metadata()
-    if metadata is None:
-        return [], []
-    step = _last_step(metadata.partition_graphs)
-    return _mismatches(applier, step), _transfers(applier, step)
+    return list(metadata.partition_graphs) if metadata is not None else []
+
+
+def read_back(applier: PlanApplier) -> ExecutedStep:
+    """What the recorded step did (stops recording): its ops that ran off the plan, the tensors
+    it sent between devices, its collectives and how many fused kernels it ran."""
+    step = _last_step(stop_recording())
+    return ExecutedStep(_mismatches(applier, step), _transfers(applier, step), _collectives(applier, step),
+                        fused_kernel_count(step))
+
+
+def fused_kernel_count(partition_graphs) -> int:
+    """How many fused kernels the partition graphs of an executed step run.
+
+    Grappler's remapper (and oneDNN's layout pass, on CPU) replaces a chain of ops with one
+    internal kernel: a convolution or matmul with its bias and activation (``_FusedConv2D``,
+    ``_FusedMatMul``, on CPU ``_MklNativeFusedConv2D``, ``_MklNativeFusedMatMul``), a filter's
+    gradient with its bias' gradient (``_MklNativeConv2DBackpropFilterWithBias``), a
+    normalization with its activation (``_FusedBatchNormEx``, ``_MklNativeFusedBatchNormEx``).
+    It fuses a chain only when no control edge touches it, so a plan's order that reached into
+    a chain runs fewer of them than the default placement does. The rule: a node counts when
+    its op type is internal (starts with ``_``) and names a fusion (contains ``Fused`` or
+    ``WithBias``), but for oneDNN's forms of TensorFlow's own batch normalization
+    (``_MklNativeFusedBatchNormV3`` is ``FusedBatchNormV3``, one op that fuses nothing; its
+    ``Ex`` forms do).
+
+    Args:
+        partition_graphs: ``GraphDef`` s, as ``RunMetadata.partition_graphs`` holds them.
+
+    Example:
+        >>> from tensorflow.core.framework import graph_pb2
+        >>> types = ("_MklNativeFusedConv2D", "_MklNativeConv2DBackpropFilterWithBias", "_FusedBatchNormEx",
+        ...          "_MklNativeFusedBatchNormV3", "FusedBatchNormV3", "_MklMatMul", "Relu")
+        >>> step = graph_pb2.GraphDef(node=[dict(name=f"op{i}", op=kind) for i, kind in enumerate(types)])
+        >>> fused_kernel_count([step])
+        3
+    """
+    return sum(_is_fused_kernel(node.op) for partition in partition_graphs for node in partition.node)
+
+
+def _is_fused_kernel(op_type: str) -> bool:
+    if not op_type.startswith("_"):
+        return False  # FusedBatchNormV3 and kin are TensorFlow's public single ops
+    core = op_type.lstrip("_")
+    for prefix in _INTERNAL_PREFIXES:
+        core = core.removeprefix(prefix)
+    if core.startswith("FusedBatchNorm"):
+        return core.endswith("Ex")  # only the Ex forms fuse an activation (and a side input)
+    return "Fused" in core or "WithBias" in core
 
 
 def _mismatches(applier: PlanApplier, partition_graphs) -> list[PlacementMismatch]:
@@ -191,6 +293,18 @@ def _transfers(applier: PlanApplier, partition_graphs) -> list[ExecutedTransfer]
                                               normalize_device(node.attr["recv_device"].s.decode()),
                                               applier.tensor_bytes.get(tensor)))
     return transfers
+
+
+def _collectives(applier: PlanApplier, partition_graphs) -> list[ExecutedCollective]:
+    """Every device's op of every collective all-reduce (``strategies.collectives``)."""
+    collectives = []
+    for partition in partition_graphs:
+        for node in partition.node:
+            name = _strip_call(node.name)
+            if node.op.startswith("CollectiveReduce") and name is not None:
+                collectives.append(ExecutedCollective(name, normalize_device(node.device),
+                                                      applier.tensor_bytes.get(f"{name}:0")))
+    return collectives
 
 
 def _loop_value(tensor: str, nodes: dict) -> str:

@@ -1,5 +1,5 @@
 """Data parallelism inside ``fit``: a copy of the weights and of the optimizer on every replica's
-device, the ring all-reduce of the gradients, and one update on every copy.
+device, the all-reduce of the gradients, and one update on every copy.
 
 A data-parallel plan (``Plan.data_parallel``) runs the step once per device on that device's
 share of the batch. The first device's replica uses the model's own variables and optimizer;
@@ -7,10 +7,13 @@ every other device gets a copy of each model variable (trainable and not) and a 
 optimizer built on those copies, with the same state. A replica is traced with the model's
 variables pointing at its copies (Keras 3 keeps the TensorFlow variable behind each Keras
 variable in one attribute), so every op it makes reads and writes its own device's copy.
-The gradients are fused into buffers and each buffer is summed by a ring all-reduce
-(``planner.ring``) built from TensorFlow ops: each chunk is summed once and then copied around
-the ring, so every copy gets the same sum, applies the same update and stays equal to the
-model's own variables. Keras 3 only: tf-keras variables cannot be repointed.
+The gradients are fused into buffers (``planner.ring.fusion_buffers``) and each buffer is summed
+by one TensorFlow collective all-reduce (``Collectives``), so every copy gets the same sum,
+applies the same update and stays equal to the model's own variables. Two kinds of gradient
+cannot be summed by a collective (``collectives.summable``) and go around a ring built from
+TensorFlow ops (``planner.ring``) instead: a sparse gradient's rows (an embedding's), which
+every replica gathers, and a gradient whose shape is known only when the step runs. Keras 3
+only: tf-keras variables cannot be repointed.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import tensorflow as tf
 from kerasflow import _compat
 from kerasflow.planner.errors import KerasflowError
 from kerasflow.planner.ring import fusion_buffers, gather_schedule, ring_chunks, ring_schedule
+from kerasflow.strategies.collectives import Collectives, summable
 from kerasflow.strategies.scopes import RING_SCOPE
 
 __all__ = ["Replicas", "ring_all_reduce", "all_reduce_gradients"]
@@ -60,6 +64,7 @@ class Replicas:
             raise KerasflowError(f"A data-parallel plan needs two or more devices. Received: devices={devices}.")
         self.model, self.devices = model, list(devices)
         creating = creating or (lambda device: contextlib.nullcontext())
+        self.collectives = Collectives(self.devices, creating)
         self._variables = [v for v in _compat.model_variables(model) if _compat.is_movable(v)]
         optimizer = model.optimizer
         if not optimizer.built:
@@ -133,7 +138,8 @@ class Replicas:
 
 
 def ring_all_reduce(tensors: list, devices: list[str]) -> list:
-    """The sum of ``tensors`` (one per device, same shape) on every device, by a ring all-reduce.
+    """The sum of ``tensors`` (one per device, same shape) on every device, by a ring all-reduce
+    built from TensorFlow ops: for the values a collective cannot sum (``collectives.summable``).
 
     Each ``tensors[i]`` is made on ``devices[i]``; the result's ``[i]`` is on ``devices[i]``.
     Sparse gradients are made dense first; a None (a variable without a gradient) stays None.
@@ -170,22 +176,26 @@ def ring_all_reduce(tensors: list, devices: list[str]) -> list:
     return results
 
 
-def all_reduce_gradients(per_replica: list[list], devices: list[str]) -> list[list]:
-    """Each replica's gradients (``per_replica[r][i]`` on ``devices[r]``) replaced by their sums,
-    fused into buffers (``planner.ring.fusion_buffers``, per dtype), one ring per buffer. A sparse
-    gradient (an embedding's ``IndexedSlices``) stays sparse: every replica's rows are passed
-    around the ring and joined in replica order, which is the whole batch's gradient as one
-    device makes it, so the optimizer's sparse update runs as it would there.
+def all_reduce_gradients(per_replica: list[list], collectives: Collectives) -> list[list]:
+    """Each replica's gradients (``per_replica[r][i]`` on ``collectives.devices[r]``) replaced by
+    their sums, fused into buffers (``planner.ring.fusion_buffers``, per dtype), one collective
+    per buffer. A sparse gradient (an embedding's ``IndexedSlices``) stays sparse: every
+    replica's rows are passed around a ring and joined in replica order, which is the whole
+    batch's gradient as one device makes it, so the optimizer's sparse update runs as it would
+    there. A gradient whose shape the trace does not know goes around a ring of its own.
 
     Example:
-        >>> parts = []
-        >>> for i, device in enumerate(["/CPU:0", "/CPU:1"]):
-        ...     with tf.device(device):
-        ...         parts.append([tf.constant([1.0, 2.0]) * (i + 1), tf.constant([[5.0]]), None])
-        >>> summed = all_reduce_gradients(parts, ["/CPU:0", "/CPU:1"])
-        >>> [g.numpy().tolist() if g is not None else None for g in summed[1]]
+        >>> collectives = Collectives(["/CPU:0", "/CPU:1"])
+        >>> @tf.function
+        ... def second_replicas_sums():
+        ...     first = [tf.constant([1.0, 2.0]), tf.constant([[5.0]]), None]
+        ...     with tf.device("/CPU:1"):
+        ...         second = [tf.constant([2.0, 4.0]), tf.constant([[5.0]]), None]
+        ...     return all_reduce_gradients([first, second], collectives)[1]
+        >>> [g.numpy().tolist() if g is not None else None for g in second_replicas_sums()]
         [[3.0, 6.0], [[10.0]], None]
     """
+    devices = collectives.devices
     summed = [list(gradients) for gradients in per_replica]
     first = per_replica[0]
     by_dtype: dict = {}
@@ -195,9 +205,9 @@ def all_reduce_gradients(per_replica: list[list], devices: list[str]) -> list[li
         if isinstance(gradient, tf.IndexedSlices):
             for r, gathered in enumerate(_ring_all_gather([gradients[i] for gradients in per_replica], devices)):
                 summed[r][i] = gathered
-        elif gradient.shape.is_fully_defined():
+        elif summable(gradient):
             by_dtype.setdefault(gradient.dtype, []).append(i)
-        else:  # a shape known only when the step runs: a ring of its own
+        else:
             for r, total in enumerate(ring_all_reduce([gradients[i] for gradients in per_replica], devices)):
                 summed[r][i] = total
     for dtype, members in by_dtype.items():
@@ -208,7 +218,9 @@ def all_reduce_gradients(per_replica: list[list], devices: list[str]) -> list[li
             for gradients, device in zip(per_replica, devices):
                 with tf.device(device), tf.name_scope(RING_SCOPE):
                     flat.append(tf.concat([tf.reshape(gradients[i], [-1]) for i in indices], axis=0))
-            for r, (total, device) in enumerate(zip(ring_all_reduce(flat, devices), devices)):
+            with tf.name_scope(RING_SCOPE):
+                totals = collectives.all_reduce(flat)
+            for r, (total, device) in enumerate(zip(totals, devices)):
                 with tf.device(device), tf.name_scope(RING_SCOPE):
                     pieces = tf.split(total, [first[i].shape.num_elements() for i in indices], axis=0)
                     for i, piece in zip(indices, pieces):

@@ -21,7 +21,7 @@ optimizer update follows, and the loss and metrics are computed for the whole ba
 the Tick-Tock offset, a wave's forward pass starts after the previous wave's forward pass.
 
 Replicas (a data-parallel plan) run under ``replica<r>`` on their devices, each on its share of
-the batch and its own copy of the weights (``Replicas``); the ring all-reduce sums their
+the batch and its own copy of the weights (``Replicas``); a collective all-reduce sums their
 gradients and each replica applies the update to its copy. Each replica updates the loss and
 the metrics with its share, as ``MirroredStrategy`` does, so their values are the whole batch's.
 Its BatchNormalization layers normalize with the whole batch's statistics (``batchstats``), for
@@ -389,7 +389,7 @@ class PlannedStep:
 
     def _replicated(self, data):
         """One data-parallel step: each replica runs its share of the batch (as waves, when the
-        plan has them) on its own copy of the weights, the ring sums the gradients, and every
+        plan has them) on its own copy of the weights, a collective sums the gradients, and every
         replica applies the same update; the loss and metrics are updated replica by replica.
         With the whole batch's BatchNormalization statistics, the replicas are traced in lockstep."""
         model, replicas = self.model, self.replicas
@@ -398,23 +398,26 @@ class PlannedStep:
         devices = replicas.devices
         sizes = _sizes(batch, [1.0 / len(devices)] * len(devices))
         starts = [sum(sizes[:r]) for r in range(len(devices))]
+        # Each replica's rows are cut where the batch is (outside every replica's scope, so the
+        # plan does not move the cut), and only they are copied to the replica's device.
+        with tf.device(_held_on(x)), tf.name_scope(WAVES_SCOPE):
+            shares = [_slice((x, y, sample_weight), starts[r], sizes[r], batch) for r in range(len(devices))]
 
         def replica(r):
             with tf.device(devices[r]), tf.name_scope(replica_scope(r)), replicas.swapped(r):
-                with tf.name_scope(WAVES_SCOPE):
-                    xr, yr, sr = _slice((x, y, sample_weight), starts[r], sizes[r], batch)
+                xr, yr, sr = shares[r]
                 variables = model.trainable_weights if r == 0 else replicas.trainable(r)
                 return (xr, yr, sr, sizes[r]) + self._micro_batches(xr, yr, sr, sizes[r], batch, variables)
 
         synchronized = synchronized_layers(model) if self.applier.plan.synchronizes_statistics else []
         if synchronized:
             lockstep = Lockstep(len(devices), on_turn=replicas.point_at)
-            with whole_batch_statistics(synchronized, lockstep, devices, batch):
+            with whole_batch_statistics(synchronized, lockstep, replicas.collectives, batch):
                 per_replica = lockstep.run([functools.partial(replica, r) for r in range(len(devices))])
             replicas.point_at(0)
         else:
             per_replica = [replica(r) for r in range(len(devices))]
-        summed = all_reduce_gradients([gradients for *_, gradients in per_replica], devices)
+        summed = all_reduce_gradients([gradients for *_, gradients in per_replica], replicas.collectives)
         for r, device in enumerate(devices):
             with tf.device(device), tf.name_scope(replica_scope(r)), replicas.swapped(r):
                 replicas.apply(r, summed[r])
@@ -426,6 +429,13 @@ class PlannedStep:
                 _compat.track_loss(model, own_mean, xr)
                 metrics = _compat.step_metrics(model, xr, yr, prediction, sr)
         return metrics
+
+
+def _held_on(x) -> str:
+    """The device that holds the batch ``x``: its first tensor's, when the trace placed it, else
+    the host's CPU, where the input pipeline hands batches to the step."""
+    placed = [t.device for t in tf.nest.flatten(x) if isinstance(t, tf.Tensor) and t.device]
+    return placed[0] if placed else "/CPU:0"
 
 
 def _record_batch(data, record: Callable[[Any], None]) -> None:

@@ -1,11 +1,11 @@
-"""The ring all-reduce's schedule and the chunks the simulator says it sends."""
+"""The ring schedules, the fusion buffers and the all-reduces the simulator prices for data parallelism."""
 
 import random
 
 import pytest
 
 from kerasflow.planner import Cluster, OpGraph, baselines, simulate, synthetic
-from kerasflow.planner.ring import fusion_buffers, ring_chunks, ring_schedule, ring_transfers
+from kerasflow.planner.ring import fusion_buffers, ring_chunks, ring_schedule
 
 from .helpers import cluster, op
 
@@ -45,17 +45,6 @@ def test_every_position_ends_with_the_whole_sum_each_chunk_summed_once(parts):
     assert all(t == set(range(parts)) for row in terms for t in row)
 
 
-def test_each_link_carries_two_d_minus_one_chunks():
-    sent = ring_transfers(["a", "b", "c"], 40.0)  # 10 float32 elements: chunks of 4, 3, 3
-    per_link = {}
-    for src, dst, nbytes in sent:
-        per_link.setdefault((src, dst), []).append(nbytes)
-    # a sends c0, c2 (reduce-scatter) then c1, c0 (all-gather): 4+3+3+4 elements.
-    assert per_link == {("a", "b"): [16.0, 12.0, 12.0, 16.0], ("b", "c"): [12.0, 16.0, 12.0, 12.0],
-                        ("c", "a"): [12.0, 12.0, 16.0, 12.0]}
-    assert ring_transfers(["a"], 40.0) == []
-
-
 def test_gradients_are_fused_first_fit_largest_first():
     # Largest first: 60 opens buffer 0 (40 left), 50 does not fit and opens buffer 1, 30 fits
     # in buffer 0 (10 left), then 10 fills it; a gradient over the limit gets a buffer of its own.
@@ -64,23 +53,23 @@ def test_gradients_are_fused_first_fit_largest_first():
     assert fusion_buffers([]) == []
 
 
-def test_the_simulated_ring_sends_the_fused_gradients_around_the_data_parallel_devices():
+def test_the_fused_gradients_are_summed_by_one_collective_over_the_data_parallel_devices():
     graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
     result = simulate(graph, cluster, baselines.data_parallel(graph, cluster))
     reduced = {name: (start, end) for name, role, start, end in
                zip(result.task_names, result.task_role, result.task_start, result.task_end) if role == "allreduce"}
-    pairs = {(t.src, t.dst) for t in result.ring_transfers}
-    assert pairs == {("/GPU:0", "/GPU:1"), ("/GPU:1", "/GPU:0")}
-    # Small gradients: one fused buffer, one all-reduce task, two halves each way, timed by
-    # that task; it starts after the last weight gradient is ready.
+    # Small gradients: one fused buffer, one all-reduce task, one collective timed by that
+    # task over both devices; it starts after the last weight gradient is ready.
     assert len(reduced) == 1
     (start, end), = reduced.values()
-    fused = [t for t in result.ring_transfers if t.task.startswith("fused(2 gradients")]
-    assert len(fused) == 4 == len(result.ring_transfers)
-    assert {(t.start, t.end) for t in fused} == {(start, end)}
+    collective, = result.collectives
+    assert collective.task.startswith("fused(2 gradients") and collective.devices == ("/GPU:0", "/GPU:1")
+    assert (collective.start, collective.end) == (start, end) and result.ring_transfers == []
+    assert collective.bytes == sum(op.output_bytes[0].at(graph.batch_size) for op in graph.ops
+                                   if op.name.endswith("_grad_weight"))
     times = result.times()
     assert start >= max(e for name, (s, e) in times.items() if name.endswith(("_grad_weight@r0", "_grad_weight@r1")))
-    assert simulate(graph, cluster, baselines.single_device(graph, cluster)).ring_transfers == []
+    assert simulate(graph, cluster, baselines.single_device(graph, cluster)).collectives == []
 
 
 def test_only_values_that_only_updates_read_are_fused_with_the_gradients():
@@ -99,7 +88,7 @@ def test_only_values_that_only_updates_read_are_fused_with_the_gradients():
     result = simulate(graph, cluster(2), baselines.data_parallel(graph, cluster(2)))
     reduced = sorted(name for name, role in zip(result.task_names, result.task_role) if role == "allreduce")
     assert reduced == ["acc:0@allreduce", "g:0@allreduce"]
-    assert [t.task for t in result.ring_transfers].count("g:0@allreduce") == 2 * 2 * (2 - 1)
+    assert sorted(c.task for c in result.collectives) == ["acc:0@allreduce", "g:0@allreduce"]
 
 
 def test_gradients_after_another_update_get_buffers_of_their_own():

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kerasflow.planner import (
-    Cluster, DataParallel, InvalidGraphError, InvalidPlanError, OpGraph, Plan, Shard, Waves, lower_bound, simulate,
+    Cluster, DataParallel, Device, Link, InvalidGraphError, InvalidPlanError, OpGraph, Plan, Shard, Waves, lower_bound, simulate,
     synthetic,
 )
 from kerasflow.planner.graphtables import weight_bound_layers
@@ -318,12 +318,52 @@ def test_data_parallel_ring_allreduce_takes_its_formula():
     assert all(peak >= 400 for peak in result.peak_memory.values())
 
 
+def input_into_a_gradient(batch=4):
+    """A batch input "x" (8 B a sample) read by "m" (1 s a sample), whose gradient "g" (0.5 s a
+    sample, 400 B) updates the weight "v" in "u" (1 s)."""
+    return OpGraph([
+        op("x", 0.0, [(0, 8)], type="Placeholder", phase="other"),  # as profiles record inputs
+        op("v", 0.0, [400], phase="other", persistent_bytes=400, colocation="v"),
+        op("m", (0.0, 1.0), [(0, 4)], batch_axis=0),
+        op("g", (0.0, 0.5), [400], phase="backward", batch_axis=0),
+        op("u", 1.0, [], phase="update", colocation="v"),
+    ], [("x", "m", 0), ("m", "g", 0), ("g", "u", 0), ("v", "u", None)], batch_size=batch)
+
+
+def test_each_replica_receives_its_rows_from_the_device_holding_the_batch():
+    # D:1 runs twice as fast, so the replicas are not mirrored. Replica 0 holds the batch on
+    # D:0: m 0-2, g 2-3. Replica 1's 2 rows (16 B) leave D:0 at 0 and arrive at 0.16 (100 B/s);
+    # m 0.16-1.16, g 1.16-1.66 on D:1. The all-reduce of 400 B waits for both: 2(D-1)(400/(2*100))
+    # = 4 s, 3-7; u 7-8 on D:0, 7-7.5 on D:1.
+    devices = [Device("/D:0", "X", 10**9, memory_bandwidth=1e30, launch_overhead=0.0),
+               Device("/D:1", "X", 10**9, speed=2.0, memory_bandwidth=1e30, launch_overhead=0.0)]
+    result = simulate(input_into_a_gradient(), Cluster(devices, default_link=Link(0.0, 100.0)),
+                      Plan(data_parallel=DataParallel(("/D:0", "/D:1"))))
+    times = result.times()
+    assert times["m@r0"] == (0.0, 2.0) and times["m@r1"] == pytest.approx((0.16, 1.16))
+    assert times["g:0@allreduce"] == (3.0, 7.0) and result.makespan == 8.0
+    assert [(t.task, t.src, t.dst, t.bytes) for t in result.transfers] == [("x@r1", "/D:0", "/D:1", 16.0)]
+    # As two waves, replica 1 still receives its 2 rows at once and cuts them into its waves.
+    waved = simulate(input_into_a_gradient(), Cluster(devices, default_link=Link(0.0, 100.0)),
+                     Plan(data_parallel=DataParallel(("/D:0", "/D:1")), waves=Waves(2)))
+    assert [(t.task, t.src, t.dst, t.bytes) for t in waved.transfers] == [("x@r1", "/D:0", "/D:1", 16.0)]
+
+
+def test_the_replica_simulated_for_identical_devices_receives_its_rows():
+    # Identical independent devices: replica 0 is simulated and mirrored, and it stands for
+    # the replicas that receive their rows: x@r0 is sent from D:1 (0-0.16); m 0.16-2.16,
+    # g 2.16-3.16, the all-reduce 3.16-7.16, u 7.16-8.16.
+    result = simulate(input_into_a_gradient(), cluster(2), Plan(data_parallel=DataParallel(("/D:0", "/D:1"))))
+    assert result.times()["g:0@allreduce"] == pytest.approx((3.16, 7.16))
+    assert result.makespan == pytest.approx(8.16)
+    assert [(t.task, t.src, t.dst, t.bytes) for t in result.transfers] == [("x@r0", "/D:1", "/D:0", 16.0)]
+
+
 def test_data_parallel_buffers_are_copied_in_and_out_on_each_replica():
     # As above, with two gradients g (400 B) and h (200 B) fused into one 600 B buffer and
     # local copies at 1,200 B/s (no launch cost). Per replica: m 0-1, g 1-2, h 2-3; into the
-    # buffer, a concat and a cut into chunks, each reading and writing 600 B: 2 * 1 s, 3-5;
-    # the ring, 2(D-1)(600/(2*100)) = 6 s, 5-11; out of it, a join and a cut into g and h,
-    # 11-13; the updates u and w, 13-14 and 14-15.
+    # buffer, a concat reading and writing 600 B: 1 s, 3-4; the collective, 2(D-1)(600/(2*100))
+    # = 6 s, 4-10; out of it, a cut into g and h, 10-11; the updates u and w, 11-12 and 12-13.
     graph = OpGraph([
         op("v", 0.0, [400], phase="other", persistent_bytes=400, colocation="v"),
         op("r", 0.0, [400], colocation="v"),
@@ -337,16 +377,16 @@ def test_data_parallel_buffers_are_copied_in_and_out_on_each_replica():
     plan = Plan(data_parallel=DataParallel(("/D:0", "/D:1")))
     result = simulate(graph, cluster(2, memory_bandwidth=1200.0), plan)
     times = result.times()
-    assert times["g:0@concat@r0"] == times["g:0@concat@r1"] == (3.0, 5.0)
-    assert times["g:0@allreduce"] == (5.0, 11.0)
-    assert times["g:0@split@r0"] == times["g:0@split@r1"] == (11.0, 13.0)
-    assert result.makespan == 15.0
-    # A buffer of one gradient is only cut into chunks: 400 B read and written, 2/3 s.
+    assert times["g:0@concat@r0"] == times["g:0@concat@r1"] == (3.0, 4.0)
+    assert times["g:0@allreduce"] == (4.0, 10.0)
+    assert times["g:0@split@r0"] == times["g:0@split@r1"] == (10.0, 11.0)
+    assert result.makespan == 13.0
+    # A buffer of one gradient is the gradient itself (reshaped): no copy, the collective at 2 s.
     single = OpGraph([o for o in graph.ops if o.name not in ("h", "w")],
                      [e for e in graph.edges if "h" not in (e.src, e.dst) and "w" not in (e.src, e.dst)],
                      batch_size=2)
     times = simulate(single, cluster(2, memory_bandwidth=1200.0), plan).times()
-    assert times["g:0@concat@r0"] == pytest.approx((2.0, 2.0 + 2 / 3))
+    assert times["g:0@concat@r0"] == (2.0, 2.0) and times["g:0@allreduce"] == (2.0, 6.0)
 
 
 def test_chrome_trace_has_a_row_per_device_and_link():
@@ -450,9 +490,9 @@ def test_replicas_sum_the_whole_batchs_statistics_around_the_ring():
     assert times["mean:0@allreduce"] == pytest.approx((2.0, 2.4))
     assert times["g:0@allreduce"] == pytest.approx((4.4, 4.8))
     assert result.makespan == pytest.approx(5.8)
-    # Each ring: 10 floats in chunks of 5, each device sending 2 of them.
-    assert sorted((t.src, t.dst, t.bytes) for t in result.ring_transfers) == sorted(
-        [("/D:0", "/D:1", 20.0), ("/D:1", "/D:0", 20.0)] * 4)
+    # Each statistic and its gradient: one collective of 10 floats over both devices.
+    assert [(c.task, c.devices, c.bytes) for c in result.collectives] == [
+        (name, ("/D:0", "/D:1"), 40.0) for name in ("mean:0@allreduce", "g:0@allreduce")]
 
 
 def test_replicas_with_their_own_statistics_send_none_of_them():
@@ -460,11 +500,11 @@ def test_replicas_with_their_own_statistics_send_none_of_them():
     # keeps the replica's own statistic, so nothing crosses.
     own = Plan(data_parallel=DataParallel(("/D:0", "/D:1"), synchronized=False))
     result = simulate(normalization(), cluster(2), own)
-    assert result.makespan == pytest.approx(5.0) and result.ring_transfers == []
+    assert result.makespan == pytest.approx(5.0) and result.collectives == []
     # Two waves' statistics are each wave's own, synchronized or not.
     waved = Plan(data_parallel=DataParallel(("/D:0", "/D:1")), waves=Waves(2))
     assert not waved.synchronizes_statistics
-    assert simulate(normalization(), cluster(2), waved).ring_transfers == []
+    assert simulate(normalization(), cluster(2), waved).collectives == []
 
 
 def test_a_split_layers_shards_sum_their_statistics_on_the_first_shard():

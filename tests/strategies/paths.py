@@ -27,6 +27,7 @@ import kerasflow
 from kerasflow.planner import ranked_plans
 from kerasflow.planner.planning import PLANNED_CANDIDATES
 from kerasflow.strategies import Collaborators
+from tests.planned_cluster import CLUSTER_OPTION
 from tests.rounding import Spread, permuted_rows
 
 BATCH = 16
@@ -36,10 +37,10 @@ INTERRUPTED_AT = 1  # the backup program's first fit stops as this epoch begins 
 SEED = 7
 # The plan is made after step 2 (warm-up 2, profile 1); its trial takes 8 steps: the first planned
 # step (retracing, untimed), one untimed default step, then 3 rounds of a planned and a default step.
-OPTIONS = dict(verbose=0, warmup_steps=2, profile_steps=1)
+OPTIONS = dict(verbose=0, warmup_steps=2, profile_steps=1, **CLUSTER_OPTION)
 # Where a plan adds no sum in another order, every variable equals plain Keras' bit for bit and
 # every other output (logs, metrics, predictions) is within 1e-5 of it (1e-7 near 0). A
-# data-parallel plan sums each gradient and BatchNormalization's statistics around the ring, and
+# data-parallel plan sums each gradient and BatchNormalization's statistics with collectives, and
 # a split layer, loss or BatchNormalization sums its shards' parts, in another order than one
 # device: there each output is held to ten times plain Keras' own spread under permuted rows,
 # measured in the same run (``tests/rounding.py``). A missed or repeated step, a stale learning

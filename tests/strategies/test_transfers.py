@@ -12,9 +12,12 @@ What is compared is every data transfer except two kinds, each left out on both 
 - the batch itself: it comes from the input pipeline on the host's CPU, which the plan does
   not place (the simulator takes the batch to be where its first consumer runs).
 
-Control edges carry no bytes and are not data transfers. A data-parallel plan's all-reduce is
-compared chunk by chunk: the simulator's ring (``SimulationResult.ring_transfers``) against the
-ring the runtime builds from TensorFlow ops.
+Control edges carry no bytes and are not data transfers. A data-parallel plan's replicas each
+receive their rows of the batch, cut where the batch is; its all-reduces are TensorFlow
+collectives, which send nothing a partition graph shows: they are compared device by device,
+one collective op per summed buffer or statistic with its bytes (``SimulationResult.collectives``
+against ``placement_report().collectives``). A sparse gradient's rows still go around a ring of
+sends (``SimulationResult.ring_transfers``).
 """
 
 import collections
@@ -145,10 +148,24 @@ def simulated(graph, cluster, plan):
                     if t.output >= 0 and t.bytes > SCALAR_BYTES and t.task not in inputs)
 
 
+def collectives_per_device(collectives):
+    """Device -> the sorted bytes of the collectives it ran (scalars left out)."""
+    per_device = collections.defaultdict(list)
+    for device, nbytes in collectives:
+        if nbytes > SCALAR_BYTES:
+            per_device[device].append(nbytes)
+    return {device: sorted(sizes) for device, sizes in sorted(per_device.items())}
+
+
+def simulated_collectives(graph, cluster, plan):
+    result = simulate(graph, cluster, plan, batch=BATCH)
+    return collectives_per_device((device, c.bytes) for c in result.collectives for device in c.devices)
+
+
 def sends_as_simulated(strategy, model, data, graph, plan, whole_order=True):
     """Trains an epoch of ``data`` on ``plan``: every op where planned, with ``whole_order`` the
     plan's order applied too (but a data-parallel plan's: its replicas run in data-flow order),
-    and the executed step's transfers (returned) equal the simulated step's."""
+    and the executed step's transfers (returned) and collectives equal the simulated step's."""
     strategy.use_plan(plan)
     model.fit(data, epochs=1, verbose=0)
     report = strategy.placement_report()
@@ -160,6 +177,8 @@ def sends_as_simulated(strategy, model, data, graph, plan, whole_order=True):
         assert not [part for part in kept if part.startswith("the per-device order (")], report.summary()
     sent = executed(report)
     assert sent == simulated(graph, strategy.cluster, plan)
+    assert (collectives_per_device((c.device, c.bytes) for c in report.collectives)
+            == simulated_collectives(graph, strategy.cluster, plan))
     return sent
 
 
@@ -295,21 +314,22 @@ def normalized_cnn():
     return strategy, model, data, strategy.profile
 
 
-def test_batch_statistics_go_around_the_ring_as_simulated(normalized_cnn):
+def test_batch_statistics_are_summed_by_collectives_as_simulated(normalized_cnn):
     strategy, model, data, graph = normalized_cnn
     synchronized = baselines.data_parallel(graph, strategy.cluster, batch=BATCH)
     assert synchronized.synchronizes_statistics
-    sent = sends_as_simulated(strategy, model, data, graph, synchronized)
-    # Each replica's own statistics (MirroredStrategy's math) send less: only the gradients.
+    sends_as_simulated(strategy, model, data, graph, synchronized)
+    with_statistics = strategy.placement_report().collectives
+    # Each replica's own statistics (MirroredStrategy's math) sum less: only the gradients.
     own = dataclasses.replace(synchronized, data_parallel=dataclasses.replace(synchronized.data_parallel,
                                                                             synchronized=False))
-    alone = sends_as_simulated(strategy, model, data, graph, own)
-    # Worked out: 16 channels; four rings of 16 floats (the sum, the squared deviations and
-    # their gradients). On two devices a ring takes 2 (D - 1) = 2 steps (one to sum, one to
-    # pass the sums on), in each of which each device sends one chunk of 8 floats to the other:
-    # 4 rings x 2 = 8 chunks of 32 bytes each way.
-    assert {pair: (count - alone[pair][0], nbytes - alone[pair][1]) for pair, (count, nbytes) in sent.items()} == {
-        (DEVICES[0], DEVICES[1]): (8, 8 * 32.0), (DEVICES[1], DEVICES[0]): (8, 8 * 32.0)}
+    sends_as_simulated(strategy, model, data, graph, own)
+    alone = strategy.placement_report().collectives
+    # Worked out: 16 channels; four all-reduces of 16 floats (the sum, the squared deviations
+    # and their gradients), one collective op on each device for each: 4 x 64 bytes per device.
+    extra = collections.Counter((c.device, c.bytes) for c in with_statistics)
+    extra.subtract(collections.Counter((c.device, c.bytes) for c in alone))
+    assert +extra == {(DEVICES[0], 64.0): 4, (DEVICES[1], 64.0): 4}
 
 
 NORMALIZED_PLAN_KINDS = {
