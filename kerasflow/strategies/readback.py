@@ -166,6 +166,9 @@ def start_recording() -> None:
     """Records the partition graphs of the next function call."""
     from tensorflow.python.eager import context
 
+    # TensorFlow keeps adding to the metadata until it is exported: drop what a recording that
+    # was never stopped (a step that failed) left, so only the next call is read.
+    context.context().export_run_metadata()
     context.context().enable_run_metadata()
 
 
