@@ -2,10 +2,10 @@
 
 A plan's splits, waves and replicas turn one op into several copies, and add the work
 they cost: ``split`` copies of a tensor into shards, ``concat``/``sum`` of shard outputs
-(activations are concatenated, gradients summed), an ``allreduce`` (a collective, priced as a ring) per fused buffer of
-gradients for data parallelism (it starts when the buffer's last gradient is ready, as the
-runtime's does), and a ``barrier`` that holds a wave's forward pass until the previous
-wave's forward pass is done. Everything here is plain lists indexed by task id, because
+(activations are concatenated, gradients summed), an ``allreduce`` (a collective, priced as
+the ring algorithm runs it) per fused buffer of gradients for data parallelism (it starts when
+the buffer's last gradient is ready, as the runtime's does), and a ``barrier`` that holds a
+wave's forward pass until the previous wave's forward pass is done. Everything here is plain lists indexed by task id, because
 the simulator's inner loop reads them millions of times.
 """
 
