@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from kerasflow.planner.report import format_table  # noqa: E402,F401
+from kerasflow.planner.sim.report import format_table  # noqa: E402,F401
 
 
 def machine() -> str:

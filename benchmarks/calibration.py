@@ -130,7 +130,7 @@ def worker(name: str, rounds: int, steps: int) -> dict:
     import tensorflow as tf
 
     from kerasflow.planner import baselines
-    from kerasflow.planner.planning import candidate_plans
+    from kerasflow.planner.search.planning import candidate_plans
     from kerasflow.strategies import Collaborators
 
     defaults: list[float] = []

@@ -10,7 +10,7 @@ checks that premise on one model, in one process:
 - per setup, the simulator's prediction from that profile against the median steady step
   measured in ``fit``, in alternating rounds: ``default`` is the model on TensorFlow's own
   placement over the logical CPUs (no strategy); ``single`` and ``data_parallel`` are
-  ``FastTStrategy`` running those plans (``kerasflow.planner.baselines``), each built from a
+  ``FastTStrategy`` running those plans (``kerasflow.planner.parallel.baselines``), each built from a
   profile of its own model; ``planned`` is the plan ``kerasflow.plan`` picks from that profile.
 
 Usage:

@@ -134,9 +134,9 @@ def tick_tock_memory(graph, names: list[str]) -> dict:
     peak beside the allocator's measured one (GPUs only), each device's budget, and the Tick-Tock
     plan's predicted peak per device (or why it was left out)."""
     from kerasflow.planner import ranked_plans, simulate
-    from kerasflow.planner.baselines import default_placement
-    from kerasflow.planner.graphtables import temporary_bytes
-    from kerasflow.planner.listschedule import memory_budgets
+    from kerasflow.planner.parallel.baselines import default_placement
+    from kerasflow.planner.ir.graphtables import temporary_bytes
+    from kerasflow.planner.schedule.listschedule import memory_budgets
     from kerasflow.profiling.links import cluster_of
 
     cluster = cluster_of(names)

@@ -37,8 +37,8 @@ def worker(model_name: str, profiles: int) -> dict:
     import tensorflow as tf
 
     from kerasflow.planner import Cluster, ranked_plans
-    from kerasflow.planner.planning import TIE_MARGIN, tie_margin_for
-    from kerasflow.planner.ticktock import batch_coupled_ops
+    from kerasflow.planner.search.planning import TIE_MARGIN, tie_margin_for
+    from kerasflow.planner.parallel.ticktock import batch_coupled_ops
     from kerasflow.profiling.profiler import profile_training_step
     from profile_zoo import build
 

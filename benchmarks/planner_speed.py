@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def timed_plan(size: int, count: int, split: bool) -> dict:
     """Plans the benchmark's graph of ``size`` ops on ``count`` devices; seconds, plan, step."""
     from kerasflow.planner import Cluster, Device, plan, synthetic
-    from kerasflow.planner.cluster import NVLINK2
+    from kerasflow.planner.ir.cluster import NVLINK2
 
     graph = synthetic.random_layered(size, width=8, seed=0, kinds=["V100"])
     cluster = Cluster([Device(f"/GPU:{i}", "V100", 2**40) for i in range(count)], NVLINK2,

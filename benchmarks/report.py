@@ -38,9 +38,9 @@ from _common import format_table, machine
 
 import zoo
 from kerasflow.planner import Cluster, InsufficientMemoryError, lower_bound, step_time_bound
-from kerasflow.planner.planning import candidate_plans, plan
-from kerasflow.planner.maxbatch import STRATEGIES, max_batch
-from kerasflow.planner.ticktock import batch_coupled_ops, with_waves
+from kerasflow.planner.search.planning import candidate_plans, plan
+from kerasflow.planner.search.maxbatch import STRATEGIES, max_batch
+from kerasflow.planner.parallel.ticktock import batch_coupled_ops, with_waves
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PRESETS = ["4xV100-pcie", "4xV100-nvlink", "8xH100-nvlink"]

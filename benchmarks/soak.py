@@ -102,7 +102,7 @@ def collaborators(forced: str | None):
     """The driver's collaborators for a fit whose verdict is forced: "slower" (the plan is dropped),
     "faster" (kept), "failing" (the planner raises: a fallback), None (kerasflow's own)."""
     from kerasflow.planner import ranked_plans
-    from kerasflow.planner.planning import PLANNED_CANDIDATES
+    from kerasflow.planner.search.planning import PLANNED_CANDIDATES
     from kerasflow.strategies.collaborators import Collaborators, stopwatch
 
     def timed(seconds_of_plan):

@@ -19,7 +19,7 @@ from _common import format_table, machine
 
 from kerasflow.cli import label
 from kerasflow.planner import Cluster, InsufficientMemoryError, plan, synthetic
-from kerasflow.planner.maxbatch import STRATEGIES, max_batch
+from kerasflow.planner.search.maxbatch import STRATEGIES, max_batch
 
 STRATEGY_ORDER = ["data_parallel", "layerwise_model_parallel", "gpipe-2", "gpipe-4", "tick_tock_data_parallel",
                   "tick_tock_model_parallel", "fastt", "fastt+waves"]

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import zoo  # noqa: E402
 from _common import format_table  # noqa: E402
 from kerasflow.planner import Cluster, OpGraph, plan  # noqa: E402
-from kerasflow.planner.graph import Affine  # noqa: E402
+from kerasflow.planner.ir.graph import Affine  # noqa: E402
 
 # The embedding and logits layers of the zoo's language models (their names in zoo.py).
 VOCABULARY_LAYERS = {

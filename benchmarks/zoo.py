@@ -39,7 +39,7 @@ from typing import NamedTuple
 from _common import format_table, machine
 
 from kerasflow.planner import OpGraph
-from kerasflow.planner.costmodel import estimate_costs
+from kerasflow.planner.ir.costmodel import estimate_costs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GRAPHS = os.path.join(HERE, "graphs")

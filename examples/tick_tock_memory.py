@@ -7,8 +7,8 @@ Plans a Transformer-like step for 4 V100s whose memory is capped at 512 MiB each
 """
 
 from kerasflow.planner import synthetic
-from kerasflow.planner.report import format_table
-from kerasflow.planner.maxbatch import max_batch
+from kerasflow.planner.sim.report import format_table
+from kerasflow.planner.search.maxbatch import max_batch
 
 
 def main() -> None:

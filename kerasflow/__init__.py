@@ -6,7 +6,7 @@ first use.
 
 Example:
     >>> import kerasflow
-    >>> graph = kerasflow.planner.synthetic.chain_mlp(layers=2)
+    >>> graph = kerasflow.planner.ir.synthetic.chain_mlp(layers=2)
     >>> cluster = kerasflow.Cluster.preset("2xK80-pcie")
     >>> kerasflow.planner.simulate(graph, cluster, kerasflow.planner.single_device(graph, cluster)).makespan > 0
     True

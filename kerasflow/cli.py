@@ -10,11 +10,12 @@ import math
 import sys
 from typing import Sequence
 
-from kerasflow.planner import Cluster, KerasflowError, OpGraph, Plan, baselines, simulate, step_time_bound, synthetic
+from kerasflow.planner import (Cluster, KerasflowError, OpGraph, Plan, baselines, lower_bound, simulate, step_time_bound,
+                               synthetic)
 from kerasflow.planner._jsonio import MAX_MAGNITUDE, check_writable
-from kerasflow.planner.planning import TICK_TOCK_MODES, candidate_plans, plan as make_plan
-from kerasflow.planner.report import format_bytes, format_table
-from kerasflow.planner.hardware import DEVICE_SPECS
+from kerasflow.planner.search.planning import TICK_TOCK_MODES, candidate_plans, plan as make_plan
+from kerasflow.planner.sim.report import format_bytes, format_table
+from kerasflow.planner.ir.hardware import DEVICE_SPECS
 
 __all__ = ["main", "comparison_rows", "label", "with_estimates"]
 
@@ -80,7 +81,7 @@ def with_estimates(graph: OpGraph, cluster: Cluster) -> OpGraph:
         >>> "V100" in graph.device_kinds()
         True
     """
-    from kerasflow.planner.costmodel import estimate_costs
+    from kerasflow.planner.ir.costmodel import estimate_costs
 
     missing = sorted(k for k in cluster.kinds() if k not in graph.device_kinds() and k in DEVICE_SPECS)
     if not missing:
@@ -130,7 +131,7 @@ def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None, 
                      "peak_memory": max(candidate.predicted_peak_memory.values()), "plan": candidate})
     best = min(rows, key=lambda r: r["step_time"])
     rows.append({**best, "name": f"kerasflow plan ({best['name']})"})
-    bound = baselines.lower_bound(graph, cluster, batch)
+    bound = lower_bound(graph, cluster, batch)
     rows.append({"name": "lower bound", "step_time": bound.seconds, "peak_memory": None, "plan": None})
     rows.append({"name": "bound over kerasflow's plans", "step_time": step_time_bound(graph, cluster, batch).seconds,
                  "peak_memory": None, "plan": None})
@@ -172,7 +173,7 @@ def _compare(args) -> int:
 
 def _largest_batches(graph: OpGraph, cluster: Cluster) -> dict[str, str]:
     """Largest batch that fits, per baseline row label (the memory-bound comparison)."""
-    from kerasflow.planner.maxbatch import max_batch
+    from kerasflow.planner.search.maxbatch import max_batch
 
     found = {}
     for strategy, row in (("data_parallel", "data-parallel"), ("layerwise_model_parallel", "layer-wise model-parallel"),

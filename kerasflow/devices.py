@@ -11,8 +11,8 @@ import re
 from typing import Sequence
 
 from kerasflow.planner.errors import KerasflowError
-from kerasflow.planner.hardware import DEVICE_SPECS, GiB
-from kerasflow.planner.machine import SharedCompute
+from kerasflow.planner.ir.hardware import DEVICE_SPECS, GiB
+from kerasflow.planner.ir.machine import SharedCompute
 
 __all__ = ["virtual_cpus", "default_devices", "device_kind", "device_memory", "normalize_device", "task_of",
            "device_type", "wait_for_devices", "LocalGPU", "describe_gpus", "local_gpus", "shared_cards",

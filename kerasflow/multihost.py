@@ -20,7 +20,7 @@ import warnings
 from typing import Any, Sequence
 
 from kerasflow.devices import device_type, normalize_device, task_of  # re-exported: device names live there
-from kerasflow.planner.cluster import SAME_PROCESS, Cluster, Device, Link
+from kerasflow.planner.ir.cluster import SAME_PROCESS, Cluster, Device, Link
 from kerasflow.planner.errors import ClusterConnectionError, KerasflowError
 
 __all__ = ["parse_tf_config", "resolver_from_environment", "task_addresses", "other_tasks", "wait_for_tasks", "connect",

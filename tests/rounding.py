@@ -6,7 +6,7 @@ an equality test's tolerance follows what kerasflow changes (``../shared/DESIGN.
 hold on every machine"):
 
 - A placement-only plan adds no sum in another order and runs plain Keras' kernels (fused chains
-  stay whole: ``planner.graphtables.FUSED_GROUP``): its variables equal plain Keras' bit for bit,
+  stay whole: ``planner.ir.graphtables.FUSED_GROUP``): its variables equal plain Keras' bit for bit,
   its other outputs are held to the suite's tight constants.
 - A plan that sums in another order (replicas, shards, split BatchNormalization statistics) is
   held to ``REORDERING_FACTOR`` times plain Keras' own spread under a reordering of the same sums,

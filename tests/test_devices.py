@@ -8,8 +8,8 @@ import tensorflow as tf
 from kerasflow.devices import (UNKNOWN_DEVICE_MEMORY, describe_gpus, device_kind, device_memory, shared_cards,
                                wait_for_devices)
 from kerasflow.planner import Link
-from kerasflow.planner.hardware import DEVICE_SPECS
-from kerasflow.planner.machine import SharedCompute
+from kerasflow.planner.ir.hardware import DEVICE_SPECS
+from kerasflow.planner.ir.machine import SharedCompute
 from kerasflow.profiling.links import LinkMeasurement, cluster_of
 from kerasflow.strategies.collaborators import stopwatch
 

@@ -1,7 +1,21 @@
-"""kerasflow's pure-Python planning core: the IR, clusters, plans, the simulator, baselines.
+"""kerasflow's pure-Python planning core: the IR, clusters, plans, the simulator, the planners.
 
 Nothing in this package imports TensorFlow or Keras (a test enforces it), so plans can be
-computed and inspected on any machine.
+computed and inspected on any machine. Its modules stand on five floors; a module imports
+only from its own floor and those below (``tests/planner/test_floors.py`` enforces it):
+
+1. ``ir``: what is planned and what a plan says: the op graph and its tables, clusters,
+   machines, hardware, cost models, ``Plan``, synthetic graphs.
+2. ``sim``: what a plan costs: the task graph a plan makes, the event-driven simulator,
+   the ring all-reduce's price, ``with_prediction``, text reports.
+3. ``schedule``: list scheduling: ranks, HEFT, CPOP.
+4. ``parallel``: the parallel forms: baselines (data parallelism among them), Tick-Tock
+   waves and pipelines, one-copy data parallelism, critical-path splits.
+5. ``search``: choosing among them: ``plan``/``ranked_plans``, the largest batch, bounds,
+   re-ranking by measurement.
+
+Beneath them, shared by all: ``errors``, ``_jsonio``, ``_gc``. One lazy import runs up: a
+``Plan``'s ``validate`` and ``summary`` simulate it (``ir`` reaching ``sim``), at call time.
 
 Example:
     >>> from kerasflow.planner import Cluster, synthetic, baselines
@@ -11,17 +25,6 @@ Example:
     True
 """
 
-from . import baselines, costmodel, hardware, synthetic
-from .cpop import cpop
-from .heft import heft
-from .baselines import (
-    LowerBound,
-    data_parallel,
-    layerwise_model_parallel,
-    lower_bound,
-    single_device,
-)
-from .cluster import Cluster, Device, Link
 from .errors import (
     ClusterConnectionError,
     FileFormatError,
@@ -33,16 +36,19 @@ from .errors import (
     KerasflowError,
     SimulationError,
 )
-from .graph import PHASES, Affine, Edge, Op, OpGraph
-from .plan import DataParallel, Plan, Shard, Waves
-from .simulator import Collective, SimulationResult, Transfer, simulate
-
-# Imported last: binds ``kerasflow.planner.plan`` to the function (the module stays
-# importable as ``kerasflow.planner.plan`` through sys.modules for ``Plan``).
-from .planning import plan, ranked_plans  # noqa: E402
-from .onecopy import one_copy_data_parallel  # noqa: E402
-from .bounds import StepTimeBound, step_time_bound  # noqa: E402
-from .rerank import rerank  # noqa: E402
+from .ir import costmodel, hardware, synthetic
+from .ir.cluster import Cluster, Device, Link
+from .ir.graph import PHASES, Affine, Edge, Op, OpGraph
+from .ir.plan import DataParallel, Plan, Shard, Waves
+from .sim.simulator import Collective, SimulationResult, Transfer, simulate
+from .schedule.cpop import cpop
+from .schedule.heft import heft
+from .parallel import baselines
+from .parallel.baselines import data_parallel, layerwise_model_parallel, single_device
+from .parallel.onecopy import one_copy_data_parallel
+from .search.bounds import LowerBound, StepTimeBound, lower_bound, step_time_bound
+from .search.planning import plan, ranked_plans
+from .search.rerank import rerank
 
 __all__ = [
     "Affine", "Op", "Edge", "OpGraph", "PHASES",

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasflow import _compat
-from kerasflow.planner.graphtables import FUSED_GROUP, WEIGHT_READING_LOOPS, is_loss_op
+from kerasflow.planner.ir.graphtables import FUSED_GROUP, WEIGHT_READING_LOOPS, is_loss_op
 from kerasflow.profiling.splittable import is_splittable
 
 __all__ = ["CapturedStep", "CapturedOp", "capture_step", "batch_spec", "last_op_id"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from kerasflow.planner.machine import SharedCompute
+from kerasflow.planner.ir.machine import SharedCompute
 
 __all__ = ["host_cores", "host_lanes", "host_threads", "host_compute"]
 

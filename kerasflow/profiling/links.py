@@ -23,9 +23,9 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import tensorflow as tf
 
-from kerasflow.planner.cluster import SAME_PROCESS, Cluster, Device, Link
+from kerasflow.planner.ir.cluster import SAME_PROCESS, Cluster, Device, Link
 from kerasflow.planner.errors import KerasflowError
-from kerasflow.planner.hardware import DEVICE_SPECS
+from kerasflow.planner.ir.hardware import DEVICE_SPECS
 from kerasflow.devices import (LocalGPU, device_kind, device_memory, device_type, normalize_device, shared_cards,
                                task_of, wait_for_devices)
 from kerasflow.profiling.host import host_compute

@@ -27,8 +27,8 @@ from kerasflow import _compat
 from kerasflow._progress import progress_bar
 from kerasflow.devices import default_devices, device_kind, device_type, wait_for_devices
 from kerasflow.planner.errors import ProfilingError
-from kerasflow.planner.graph import Affine, Edge, Op, OpGraph
-from kerasflow.planner.graphtables import REFUSED_BATCHES, STATISTICS_LAYERS, TEMPORARY_MEMORY
+from kerasflow.planner.ir.graph import Affine, Edge, Op, OpGraph
+from kerasflow.planner.ir.graphtables import REFUSED_BATCHES, STATISTICS_LAYERS, TEMPORARY_MEMORY
 from kerasflow.profiling.capture import CapturedStep, capture_step
 from kerasflow.profiling.host import host_lanes
 from kerasflow.profiling.xplane import KernelTimes, StepProfiler, attribute

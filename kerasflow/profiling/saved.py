@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from kerasflow.planner.errors import ProfilingError
-from kerasflow.planner.graph import OpGraph
+from kerasflow.planner.ir.graph import OpGraph
 from kerasflow.profiling.profiler import profile_model
 
 __all__ = ["profile_saved_model", "synthetic_batch"]

@@ -6,7 +6,7 @@ training) and random layers (Dropout, GaussianNoise, random augmentation): shard
 would each draw their own randomness, not their slice of the whole batch's, and the loss
 would change. A Keras 3 BatchNormalization is split all the same, as a whole: the profile
 lists it among the layers whose statistics copies compute together
-(``planner.graphtables.batch_statistics``), and its shards normalize with the whole batch's.
+(``planner.ir.graphtables.batch_statistics``), and its shards normalize with the whole batch's.
 A custom layer opts in or out with a class or instance attribute ``kerasflow_splittable = True``
 (or ``False``); unknown layers (``Lambda`` included: its code is unknown) are not split, the
 safe default.

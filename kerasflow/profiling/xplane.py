@@ -189,7 +189,7 @@ def parse_xspace(path: str, lanes: int | None = None) -> KernelTimes:
     step; a device's kernel or copy for the last step marked before it began (the device runs
     after the host). A node with kernels on a device keeps those, not the host's launch of them.
     With ``lanes``, a host op's time is its time alone on the host's shared compute
-    (``shared_seconds``), as ``planner.machine.SharedCompute`` prices it; device kernels keep
+    (``shared_seconds``), as ``planner.ir.machine.SharedCompute`` prices it; device kernels keep
     their own.
     """
     from tensorflow.tsl.profiler.protobuf import xplane_pb2

@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from kerasflow.devices import normalize_device
-from kerasflow.planner.costmodel import METADATA_OP_TYPES
-from kerasflow.planner.graph import OpGraph
-from kerasflow.planner.graphtables import (WEIGHT_READING_LOOPS, batch_ops, batch_statistics, fused_ops,
+from kerasflow.planner.ir.costmodel import METADATA_OP_TYPES
+from kerasflow.planner.ir.graph import OpGraph
+from kerasflow.planner.ir.graphtables import (WEIGHT_READING_LOOPS, batch_ops, batch_statistics, fused_ops,
                                            gradient_sum_readers, split_groups, weight_bound_layers)
-from kerasflow.planner.plan import Plan
-from kerasflow.planner.tasknames import parse_copy_name
-from kerasflow.planner.toposort import topological_order
+from kerasflow.planner.ir.plan import Plan
+from kerasflow.planner.sim.tasknames import parse_copy_name
+from kerasflow.planner.ir.toposort import topological_order
 from kerasflow.strategies.scopes import replica_of, shard_boundary, split_name
 
 __all__ = ["PlanApplier", "ApplyReport"]

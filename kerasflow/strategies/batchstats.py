@@ -9,7 +9,7 @@ reaching each total is all-reduced the same way (a custom gradient), so every re
 gradients are its share of the whole batch's. That makes four all-reduces of one value per
 channel per layer and step, each a point where every replica waits for all the others, so the
 replicas are traced in lockstep (``Lockstep``), so that each sum's collective is made for every
-replica at once. ``planner.taskgraph`` simulates the same four all-reduces, at the ops where one
+replica at once. ``planner.sim.taskgraph`` simulates the same four all-reduces, at the ops where one
 device reduces the batch.
 
 A split BatchNormalization layer's shards do the same within one replica (``ShardStatistics``):

@@ -37,8 +37,8 @@ import tensorflow as tf
 from kerasflow import _compat
 from kerasflow.planner import OpGraph, Plan
 from kerasflow.devices import local_gpus
-from kerasflow.planner.baselines import DEFAULT_PLACEMENT, best_other_than_the_default, default_placement
-from kerasflow.planner.simulator import step_overhead
+from kerasflow.planner.parallel.baselines import DEFAULT_PLACEMENT, best_other_than_the_default, default_placement
+from kerasflow.planner.sim.simulator import step_overhead
 from kerasflow.planner.errors import InvalidPlanError
 from kerasflow.strategies.guarded import GuardedTrainFunction
 from kerasflow.strategies.collaborators import Collaborators

@@ -10,10 +10,10 @@ from kerasflow import _compat
 from kerasflow.devices import wait_for_devices
 from kerasflow.multihost import task_of
 from kerasflow.planner import Cluster, OpGraph, Plan
-from kerasflow.planner.baselines import DEFAULT_PLACEMENT
-from kerasflow.planner.planning import tie_margin_for
-from kerasflow.planner.simulator import STEP_OVERHEAD_FIELD
-from kerasflow.planner.ticktock import replica_coupled_ops
+from kerasflow.planner.parallel.baselines import DEFAULT_PLACEMENT
+from kerasflow.planner.search.planning import tie_margin_for
+from kerasflow.planner.sim.simulator import STEP_OVERHEAD_FIELD
+from kerasflow.planner.parallel.ticktock import replica_coupled_ops
 from kerasflow.profiling.host import host_lanes
 from kerasflow.profiling.xplane import KernelTimes, StepProfiler
 from kerasflow.strategies.collaborators import Collaborators

@@ -7,11 +7,11 @@ every other device gets a copy of each model variable (trainable and not) and a 
 optimizer built on those copies, with the same state. A replica is traced with the model's
 variables pointing at its copies (Keras 3 keeps the TensorFlow variable behind each Keras
 variable in one attribute), so every op it makes reads and writes its own device's copy.
-The gradients are fused into buffers (``planner.ring.fusion_buffers``) and each buffer is summed
+The gradients are fused into buffers (``planner.sim.ring.fusion_buffers``) and each buffer is summed
 by one TensorFlow collective all-reduce (``Collectives``), so every copy gets the same sum,
 applies the same update and stays equal to the model's own variables. Two kinds of gradient
 cannot be summed by a collective (``collectives.summable``) and go around a ring built from
-TensorFlow ops (``planner.ring``) instead: a sparse gradient's rows (an embedding's), which
+TensorFlow ops (``planner.sim.ring``) instead: a sparse gradient's rows (an embedding's), which
 every replica gathers, and a gradient whose shape is known only when the step runs. Keras 3
 only: tf-keras variables cannot be repointed.
 """
@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from kerasflow import _compat
 from kerasflow.planner.errors import KerasflowError
-from kerasflow.planner.ring import fusion_buffers, gather_schedule, ring_chunks, ring_schedule
+from kerasflow.planner.sim.ring import fusion_buffers, gather_schedule, ring_chunks, ring_schedule
 from kerasflow.strategies.collectives import Collectives, summable
 from kerasflow.strategies.scopes import RING_SCOPE
 
@@ -178,7 +178,7 @@ def ring_all_reduce(tensors: list, devices: list[str]) -> list:
 
 def all_reduce_gradients(per_replica: list[list], collectives: Collectives) -> list[list]:
     """Each replica's gradients (``per_replica[r][i]`` on ``collectives.devices[r]``) replaced by
-    their sums, fused into buffers (``planner.ring.fusion_buffers``, per dtype), one collective
+    their sums, fused into buffers (``planner.sim.ring.fusion_buffers``, per dtype), one collective
     per buffer. A sparse gradient (an embedding's ``IndexedSlices``) stays sparse: every
     replica's rows are passed around a ring and joined in replica order, which is the whole
     batch's gradient as one device makes it, so the optimizer's sparse update runs as it would

@@ -14,8 +14,8 @@ import warnings
 
 from kerasflow import _compat
 from kerasflow.planner import Cluster, OpGraph, Plan, baselines, simulate
-from kerasflow.planner.simulator import step_overhead
-from kerasflow.planner.ticktock import batch_coupled_ops, replica_coupled_ops
+from kerasflow.planner.sim.simulator import step_overhead
+from kerasflow.planner.parallel.ticktock import batch_coupled_ops, replica_coupled_ops
 
 __all__ = ["Reporter"]
 

@@ -38,7 +38,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from kerasflow import _compat
-from kerasflow.planner.graphtables import LOSS_GROUP
+from kerasflow.planner.ir.graphtables import LOSS_GROUP
 from kerasflow.profiling.capture import last_op_id, live_operations
 from kerasflow.strategies.applier import PlanApplier
 from kerasflow.strategies.batchstats import ShardStatistics, synchronized_layers, whole_batch_statistics

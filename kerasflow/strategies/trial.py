@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from kerasflow import _compat
-from kerasflow.planner.plan import Plan
+from kerasflow.planner.ir.plan import Plan
 from kerasflow.strategies.side_by_side import SideBySide
 from kerasflow.strategies.variables import HomeVariables
 from kerasflow.strategies.verdict import TIMED_ROUNDS, Verdict, judge

@@ -15,7 +15,7 @@ import contextlib
 import tensorflow as tf
 
 from kerasflow import _compat
-from kerasflow.planner.plan import Plan
+from kerasflow.planner.ir.plan import Plan
 from kerasflow.devices import normalize_device
 
 __all__ = ["move_variables", "group_devices", "current_homes", "HomeVariables"]

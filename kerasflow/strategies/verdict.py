@@ -6,7 +6,7 @@ device kind, from a calibration run on that kind, ``trusted_gains``; on a kind n
 every plan is timed); otherwise a plan more than
 ``SLOWER_MARGIN`` slower than the default placement (the median of ``TIMED_ROUNDS`` alternating
 rounds) gives way; the best other
-candidate by ``planner.rerank`` is tried in its place when it is expected more than
+candidate by ``planner.search.rerank`` is tried in its place when it is expected more than
 ``RUNNER_UP_GAIN`` faster than the default placement (a switch costs a retrace and another
 timing), else the plan is dropped. A ``fit`` that ends before the timing does is judged on the
 rounds it completed, with no runner-up; with none, the plan is dropped: a plan never stays
@@ -21,9 +21,9 @@ import json
 import os
 from typing import Iterable, Sequence
 
-from kerasflow.planner.baselines import DEFAULT_PLACEMENT
-from kerasflow.planner.plan import Plan
-from kerasflow.planner.rerank import rerank, same_kind
+from kerasflow.planner.parallel.baselines import DEFAULT_PLACEMENT
+from kerasflow.planner.ir.plan import Plan
+from kerasflow.planner.search.rerank import rerank, same_kind
 
 __all__ = ["Verdict", "judge", "needs_confirmation", "trusted_gains", "SLOWER_MARGIN", "RUNNER_UP_GAIN",
            "TIMED_ROUNDS", "TRUSTED_GAINS_FILE"]

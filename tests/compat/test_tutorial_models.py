@@ -40,8 +40,8 @@ import tensorflow as tf
 
 import kerasflow
 from kerasflow.planner import Cluster, ranked_plans
-from kerasflow.planner.planning import CANDIDATES
-from kerasflow.planner.costmodel import estimate_costs
+from kerasflow.planner.search.planning import CANDIDATES
+from kerasflow.planner.ir.costmodel import estimate_costs
 from kerasflow.strategies import Collaborators, ScriptedStopwatch
 from kerasflow.strategies.verdict import TIMED_ROUNDS
 from tests.compat.tutorial_models import PATTERNS, Pattern

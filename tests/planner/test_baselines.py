@@ -5,7 +5,7 @@ import pytest
 from kerasflow.planner import (
     Cluster, Device, InvalidPlanError, Link, OpGraph, baselines, lower_bound, simulate, synthetic,
 )
-from kerasflow.planner.baselines import _linear_partition
+from kerasflow.planner.parallel.baselines import _linear_partition
 from tests.planner.helpers import cluster, op
 
 

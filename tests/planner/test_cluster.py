@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kerasflow.planner import Cluster, Device, FileFormatError, InvalidClusterError, Link
-from kerasflow.planner.hardware import DEVICE_SPECS
+from kerasflow.planner.ir.hardware import DEVICE_SPECS
 
 
 def test_links_default_and_override():

@@ -127,7 +127,7 @@ def test_graph_errors_are_value_errors_exported_from_kerasflow():
 
 
 def test_importing_the_planner_does_not_import_tensorflow_or_keras():
-    code = ("import sys, kerasflow, kerasflow.planner, kerasflow.planner.synthetic; "
+    code = ("import sys, kerasflow, kerasflow.planner, kerasflow.planner.ir.synthetic; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf_keras')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -145,7 +145,7 @@ def test_planner_tests_and_doctests_run_without_tensorflow(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no_tensorflow_check",
-                             "tests/planner/test_tasknames.py", "kerasflow/planner/toposort.py"],
+                             "tests/planner/test_tasknames.py", "kerasflow/planner/ir/toposort.py"],
                             cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 

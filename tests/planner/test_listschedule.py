@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from kerasflow.planner import (
     Cluster, Device, InsufficientMemoryError, Link, Op, OpGraph, Shard, cpop, heft, simulate, synthetic,
 )
-from kerasflow.planner.listschedule import _Timelines, list_schedule, memory_budgets, scheduling_tasks
+from kerasflow.planner.schedule.listschedule import _Timelines, list_schedule, memory_budgets, scheduling_tasks
 from tests.planner.helpers import cluster, op
 
 
@@ -161,7 +161,7 @@ def test_chatty_ops_stay_inside_a_host_when_the_network_is_slow():
 
 
 def test_on_two_hosts_data_parallelism_inside_one_host_is_a_candidate():
-    from kerasflow.planner.planning import candidate_plans, strongest_host
+    from kerasflow.planner.search.planning import candidate_plans, strongest_host
 
     graph = synthetic.chain_mlp(layers=2, kinds=["V100"])
     two = Cluster.preset("2x8xV100")

@@ -3,7 +3,7 @@
 import pytest
 
 from kerasflow.planner import Cluster, InvalidPlanError, baselines, one_copy_data_parallel, simulate, synthetic
-from kerasflow.planner.tasknames import parse_copy_name
+from kerasflow.planner.sim.tasknames import parse_copy_name
 
 
 def test_each_wave_runs_the_whole_model_on_its_own_device_and_the_weights_stay_on_the_first():

@@ -5,10 +5,10 @@ import random
 import pytest
 
 from kerasflow.planner import Cluster, InvalidPlanError, Link, OpGraph, Plan
-from kerasflow.planner.baselines import with_prediction
-from kerasflow.planner.machine import SharedCompute
-from kerasflow.planner.planning import PREDICTION_ERROR, order_if_faster, plan, tie_margin_for
-from kerasflow.planner.ticktock import with_waves
+from kerasflow.planner.sim.predict import with_prediction
+from kerasflow.planner.ir.machine import SharedCompute
+from kerasflow.planner.search.planning import PREDICTION_ERROR, order_if_faster, plan, tie_margin_for
+from kerasflow.planner.parallel.ticktock import with_waves
 from tests.planner.helpers import cluster, devices, normalization, op
 
 
@@ -174,7 +174,7 @@ def test_mirrored_strategys_statistics_are_tried_only_when_allowed_and_win_a_tie
 
 def test_skipping_wave_candidates_slower_than_the_fastest_changes_no_choice():
     from kerasflow.planner import synthetic
-    from kerasflow.planner.planning import candidate_plans, ranked_plans
+    from kerasflow.planner.search.planning import candidate_plans, ranked_plans
 
     skipped_any = False
     for graph, preset in ((synthetic.random_layered(400, width=8, seed=3, kinds=["V100"]), "4xV100-nvlink"),
@@ -201,7 +201,7 @@ def test_skipping_wave_candidates_slower_than_the_fastest_changes_no_choice():
 
 
 def test_the_split_search_starts_from_the_hybrid_only_where_it_leads_beyond_the_tie_margin():
-    from kerasflow.planner.planning import split_start
+    from kerasflow.planner.search.planning import split_start
 
     schedule = Plan(predicted_step_time=1.0)
     for hybrid_seconds, margin, start in [(0.98, 0.03, "schedule"), (0.96, 0.03, "hybrid"), (0.98, 0.0, "hybrid"),
@@ -214,7 +214,7 @@ def test_a_search_from_the_hybrid_keeps_its_splits():
     # One Inception block over 4xV100-pcie: the hybrid starts three times faster than the list
     # schedule (1.83 against 5.91 ms), beyond any tie, so the search starts there and only adds.
     from kerasflow.planner import synthetic
-    from kerasflow.planner.planning import candidate_plans
+    from kerasflow.planner.search.planning import candidate_plans
 
     plans, _ = candidate_plans(synthetic.inception_like(blocks=1), "4xV100-pcie", split=True, tick_tock="off",
                                max_split_evaluations=8, verbose=0)
@@ -226,7 +226,7 @@ def test_a_search_from_the_hybrid_keeps_its_splits():
 
 def test_a_model_that_refused_a_smaller_batch_gets_no_plan_that_hands_a_device_fewer_rows():
     from kerasflow.planner import synthetic
-    from kerasflow.planner.planning import candidate_plans
+    from kerasflow.planner.search.planning import candidate_plans
 
     graph = synthetic.inception_like(blocks=1)
     refusing = OpGraph(graph.ops, graph.edges, batch_size=graph.batch_size,
@@ -249,7 +249,7 @@ def test_a_model_that_refused_a_smaller_batch_gets_no_plan_that_hands_a_device_f
 
 def test_the_steps_temporary_memory_is_kept_free_on_every_device():
     from kerasflow.planner import synthetic
-    from kerasflow.planner.planning import candidate_plans
+    from kerasflow.planner.search.planning import candidate_plans
 
     graph = synthetic.chain_mlp(layers=2)
     limit = 2 * 2**30  # budgets of 0.9 x 2 GiB

@@ -3,10 +3,10 @@
 import pytest
 
 from kerasflow.planner import OpGraph, Plan
-from kerasflow.planner.ranks import (
+from kerasflow.planner.schedule.ranks import (
     TaskCosts, average_link, critical_path, downward_ranks, topological_tasks, upward_ranks,
 )
-from kerasflow.planner.taskgraph import build_task_graph
+from kerasflow.planner.sim.taskgraph import build_task_graph
 from tests.planner.helpers import cluster, op
 
 

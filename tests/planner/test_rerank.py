@@ -5,7 +5,7 @@ import math
 import pytest
 
 from kerasflow.planner import DataParallel, InvalidPlanError, Plan, rerank
-from kerasflow.planner.rerank import same_kind
+from kerasflow.planner.search.rerank import same_kind
 
 REPLICAS = DataParallel(("/D:0", "/D:1"))
 

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from kerasflow.planner import Cluster, OpGraph, baselines, simulate, synthetic
-from kerasflow.planner.ring import fusion_buffers, ring_chunks, ring_schedule
+from kerasflow.planner.sim.ring import fusion_buffers, ring_chunks, ring_schedule
 
 from .helpers import cluster, op
 

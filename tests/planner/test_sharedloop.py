@@ -3,11 +3,11 @@
 import pytest
 
 from kerasflow.planner import Cluster, DataParallel, Link, OpGraph, Plan, simulate, synthetic
-from kerasflow.planner.machine import SharedCompute
-from kerasflow.planner.planning import candidate_plans
-from kerasflow.planner.sharedloop import run_shared
-from kerasflow.planner.simulator import run_task_graph
-from kerasflow.planner.taskgraph import build_task_graph
+from kerasflow.planner.ir.machine import SharedCompute
+from kerasflow.planner.search.planning import candidate_plans
+from kerasflow.planner.sim.sharedloop import run_shared
+from kerasflow.planner.sim.simulator import run_task_graph
+from kerasflow.planner.sim.taskgraph import build_task_graph
 from tests.planner.helpers import devices, op
 
 

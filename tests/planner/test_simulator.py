@@ -11,9 +11,9 @@ from kerasflow.planner import (
     Cluster, DataParallel, Device, Link, InvalidGraphError, InvalidPlanError, OpGraph, Plan, Shard, Waves, lower_bound, simulate,
     synthetic,
 )
-from kerasflow.planner.graphtables import weight_bound_layers
-from kerasflow.planner.simulator import run_task_graph
-from kerasflow.planner.taskgraph import TaskGraph, build_task_graph
+from kerasflow.planner.ir.graphtables import weight_bound_layers
+from kerasflow.planner.sim.simulator import run_task_graph
+from kerasflow.planner.sim.taskgraph import TaskGraph, build_task_graph
 from tests.planner.helpers import cluster, normalization, op, split_normalization
 
 
@@ -585,9 +585,9 @@ def test_shared_compute_never_claims_a_replay():
 
 @pytest.mark.parametrize("preset", ["4xV100-nvlink", "2xK80-pcie", "8xH100-nvlink"])
 def test_wave_plans_that_claim_a_replay_replay_exactly(preset):
-    from kerasflow.planner.onecopy import one_copy_data_parallel
-    from kerasflow.planner.planchecks import attach_orders
-    from kerasflow.planner.ticktock import tick_tock_model_parallel
+    from kerasflow.planner.parallel.onecopy import one_copy_data_parallel
+    from kerasflow.planner.sim.planchecks import attach_orders
+    from kerasflow.planner.parallel.ticktock import tick_tock_model_parallel
 
     cluster_ = Cluster.preset(preset)
     claims = {True: 0, False: 0}
@@ -609,7 +609,7 @@ def test_wave_plans_that_claim_a_replay_replay_exactly(preset):
 def test_a_run_stops_once_its_clock_passes_its_deadline():
     # fork_join's run on two devices (test_two_branches_on_two_devices_include_transfers) ends at
     # 9 s; with a 0.5 s step overhead, at 9.5 s, and the deadline counts the overhead.
-    from kerasflow.planner.simulator import STEP_OVERHEAD_FIELD, simulate_tasks
+    from kerasflow.planner.sim.simulator import STEP_OVERHEAD_FIELD, simulate_tasks
 
     c = cluster(2, latency=0.5, bandwidth=100.0)
     plan = Plan(placement={"a": "/D:0", "b": "/D:0", "c": "/D:1", "d": "/D:0"})

@@ -11,13 +11,13 @@ from kerasflow.planner import (
     Cluster, Device, InsufficientMemoryError, InvalidPlanError, Link, OpGraph, Plan, baselines, heft, plan,
     simulate, synthetic,
 )
-from kerasflow.planner.splitting import (
+from kerasflow.planner.parallel.splitting import (
     balanced_shards, critical_tasks, hybrid_splits, layer_weight_bytes, split_pays, splittable_layers,
     split_search,
 )
-from kerasflow.planner.graphtables import LOSS_GROUP, gradient_sums, split_groups
-from kerasflow.planner.taskgraph import build_task_graph
-from kerasflow.planner.simulator import run_task_graph
+from kerasflow.planner.ir.graphtables import LOSS_GROUP, gradient_sums, split_groups
+from kerasflow.planner.sim.taskgraph import build_task_graph
+from kerasflow.planner.sim.simulator import run_task_graph
 from tests.planner.helpers import cluster, op
 
 
@@ -325,7 +325,7 @@ def test_kerasflow_plan_is_the_planner():
     import kerasflow
 
     assert kerasflow.plan is kerasflow.planner.plan
-    from kerasflow.planner.plan import Plan as PlanClass
+    from kerasflow.planner.ir.plan import Plan as PlanClass
 
     assert PlanClass is Plan
 

@@ -3,9 +3,9 @@
 import pytest
 
 from kerasflow.planner import InvalidGraphError, synthetic
-from kerasflow.planner.costmodel import estimate_costs, roofline
-from kerasflow.planner.graph import Affine
-from kerasflow.planner.hardware import DEVICE_SPECS
+from kerasflow.planner.ir.costmodel import estimate_costs, roofline
+from kerasflow.planner.ir.graph import Affine
+from kerasflow.planner.ir.hardware import DEVICE_SPECS
 
 
 @pytest.mark.parametrize("family", sorted(synthetic.FAMILIES))
@@ -57,7 +57,7 @@ def test_roofline_and_estimates():
 
 
 def test_ops_that_launch_no_kernel_cost_nothing_on_any_device():
-    from kerasflow.planner.graph import Affine, Op, OpGraph
+    from kerasflow.planner.ir.graph import Affine, Op, OpGraph
 
     ops = [Op("c", type="Const", phase="other", output_bytes=[Affine(400.0)], bytes_accessed=Affine(400.0)),
            Op("r", type="Reshape", output_bytes=[Affine(0.0, 64.0)], bytes_accessed=Affine(0.0, 128.0)),

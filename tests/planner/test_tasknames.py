@@ -3,7 +3,7 @@
 import itertools
 
 from kerasflow.planner import Cluster, plan, simulate, synthetic
-from kerasflow.planner.tasknames import copy_name, parse_copy_name, with_replica
+from kerasflow.planner.sim.tasknames import copy_name, parse_copy_name, with_replica
 
 
 def test_every_copy_name_parses_back_to_its_parts():

@@ -7,9 +7,9 @@ import pytest
 from kerasflow.planner import (
     Cluster, InsufficientMemoryError, InvalidPlanError, OpGraph, Plan, Waves, baselines, plan, simulate, synthetic,
 )
-from kerasflow.planner.maxbatch import STRATEGIES, max_batch
-from kerasflow.planner.planning import candidate_plans
-from kerasflow.planner.ticktock import (
+from kerasflow.planner.search.maxbatch import STRATEGIES, max_batch
+from kerasflow.planner.search.planning import candidate_plans
+from kerasflow.planner.parallel.ticktock import (
     batch_coupled_ops, pipeline, slower_than, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
 )
 from tests.planner.helpers import cluster, op
@@ -241,8 +241,8 @@ def _op_seconds_per_device(tasks):
 @pytest.mark.parametrize("preset", ["4xV100-nvlink", "2xK80-pcie"])
 def test_the_busiest_device_sums_the_op_tasks_a_plan_builds_and_neither_bound_exceeds_its_step(preset):
     from kerasflow.planner import Shard
-    from kerasflow.planner.onecopy import one_copy_data_parallel
-    from kerasflow.planner.taskgraph import build_task_graph, busiest_device_seconds, longest_chain_seconds
+    from kerasflow.planner.parallel.onecopy import one_copy_data_parallel
+    from kerasflow.planner.sim.taskgraph import build_task_graph, busiest_device_seconds, longest_chain_seconds
 
     cluster_ = Cluster.preset(preset)
     first, second = cluster_.device_names[:2]
@@ -263,7 +263,7 @@ def test_the_busiest_device_sums_the_op_tasks_a_plan_builds_and_neither_bound_ex
 
 
 def test_the_longest_chain_takes_each_op_at_its_quickest_copy():
-    from kerasflow.planner.taskgraph import busiest_device_seconds, longest_chain_seconds
+    from kerasflow.planner.sim.taskgraph import busiest_device_seconds, longest_chain_seconds
 
     # Whole batch (2 samples): f1, f2, b2, b1 take 2 s each, then u 1 s: a 9 s chain on any
     # devices; across two, D0 works f1 + b1 + u = 5 s. Two waves: each batch copy takes 1 s,

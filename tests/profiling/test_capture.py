@@ -1,6 +1,6 @@
 """``capture._fusion_groups`` on hand-made steps: which chains TensorFlow runs as one kernel share a group."""
 
-from kerasflow.planner.graphtables import FUSED_GROUP
+from kerasflow.planner.ir.graphtables import FUSED_GROUP
 from kerasflow.profiling.capture import CapturedOp, _fusion_groups
 
 

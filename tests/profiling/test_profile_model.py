@@ -9,8 +9,8 @@ import tensorflow as tf
 
 from kerasflow import ProfilingError
 from kerasflow.planner import OpGraph
-from kerasflow.planner.graphtables import is_loss_op
-from kerasflow.planner.planning import MAX_TIE_MARGIN, TIE_MARGIN, tie_margin_for
+from kerasflow.planner.ir.graphtables import is_loss_op
+from kerasflow.planner.search.planning import MAX_TIE_MARGIN, TIE_MARGIN, tie_margin_for
 from kerasflow.profiling import capture_step, profile_model
 from kerasflow.profiling.profiler import PLAIN_RUNS
 from tests.profiling import models

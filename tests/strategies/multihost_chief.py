@@ -67,13 +67,14 @@ def stop_a_worker_mid_fit(out: str, pid: int, signal_name: str, when: str) -> No
     import numpy as np
 
     from kerasflow.planner import baselines
+    from kerasflow.planner.sim.predict import with_prediction
     from kerasflow.strategies import Collaborators
 
     def a_layer_on_every_device(graph, cluster, **settings):
         # The planner's own choice rides on loopback's noise, and may leave the stopped worker
         # idle (its loss then shows only in Keras' sync at the end of the epoch, as TensorFlow's
         # own error): a layer on every device gives the stopped worker variables the next step needs.
-        return [baselines.with_prediction(baselines.layerwise_model_parallel(graph, cluster), graph, cluster)]
+        return [with_prediction(baselines.layerwise_model_parallel(graph, cluster), graph, cluster)]
 
     strategy = kerasflow.FastTStrategy(inter_host_link=(20e-6, 5e9), split=False, tick_tock="off", verbose=0,
                                        drop_slower_plan=False, connect_timeout=5,

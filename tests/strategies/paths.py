@@ -25,7 +25,7 @@ from keras import layers
 
 import kerasflow
 from kerasflow.planner import ranked_plans
-from kerasflow.planner.planning import PLANNED_CANDIDATES
+from kerasflow.planner.search.planning import PLANNED_CANDIDATES
 from kerasflow.strategies import Collaborators
 from tests.planned_cluster import CLUSTER_OPTION
 from tests.rounding import Spread, permuted_rows

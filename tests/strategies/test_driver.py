@@ -11,8 +11,8 @@ import tensorflow as tf
 
 import kerasflow
 from kerasflow import KerasflowError
-from kerasflow.planner import planning
-from kerasflow.planner.baselines import default_placement
+from kerasflow.planner.search import planning
+from kerasflow.planner.parallel.baselines import default_placement
 from kerasflow.strategies import Collaborators
 from kerasflow.strategies.options import Options
 from kerasflow.strategies.verdict import TIMED_ROUNDS
@@ -92,7 +92,7 @@ def test_a_missing_tensorboard_never_undoes_the_plan(monkeypatch, tmp_path, caps
 
 def heft_only(graph, cluster, **kwargs):
     """A planner of one HEFT list schedule, as it comes: with its per-device order."""
-    return [kerasflow.planner.heft(graph, cluster)]
+    return [kerasflow.planner.schedule.heft(graph, cluster)]
 
 
 def fit_mlp_failing_from(count: int, failures: int | None):

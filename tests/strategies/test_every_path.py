@@ -27,7 +27,7 @@ from typing import Callable
 import pytest
 
 from kerasflow.planner import Shard
-from kerasflow.planner.graphtables import LOSS_GROUP
+from kerasflow.planner.ir.graphtables import LOSS_GROUP
 from kerasflow.strategies import Collaborators, ScriptedStopwatch
 from kerasflow.strategies.verdict import TIMED_ROUNDS
 from tests.rounding import Spread

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from kerasflow.planner import Plan
-from kerasflow.planner.baselines import with_prediction
+from kerasflow.planner.sim.predict import with_prediction
 from kerasflow.strategies import Collaborators, ScriptedStopwatch
 from tests.strategies import paths
 

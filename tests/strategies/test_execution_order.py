@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 from kerasflow.planner import Cluster, Op, OpGraph, Plan, cpop, heft, plan, simulate, synthetic
-from kerasflow.planner.tasknames import parse_copy_name
-from kerasflow.planner.taskgraph import build_task_graph
-from kerasflow.planner.ticktock import tick_tock_model_parallel, with_waves
+from kerasflow.planner.sim.tasknames import parse_copy_name
+from kerasflow.planner.sim.taskgraph import build_task_graph
+from kerasflow.planner.parallel.ticktock import tick_tock_model_parallel, with_waves
 from kerasflow.strategies.applier import PlanApplier
 from kerasflow.strategies.scopes import shard_scope, wave_scope
 

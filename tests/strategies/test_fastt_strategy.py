@@ -11,9 +11,9 @@ import tensorflow as tf
 import kerasflow
 from kerasflow import InvalidPlanError, KerasflowError
 from kerasflow.planner import Cluster, Shard, heft
-from kerasflow.planner.graphtables import LOSS_GROUP
-from kerasflow.planner.onecopy import one_copy_data_parallel
-from kerasflow.planner.ticktock import with_waves
+from kerasflow.planner.ir.graphtables import LOSS_GROUP
+from kerasflow.planner.parallel.onecopy import one_copy_data_parallel
+from kerasflow.planner.parallel.ticktock import with_waves
 from tests.profiling import models
 from tests.strategies import paths
 

@@ -11,7 +11,9 @@ import tensorflow as tf
 
 import kerasflow
 from kerasflow import KerasflowError
-from kerasflow.planner import DataParallel, Plan, planning, ticktock
+from kerasflow.planner import DataParallel, Plan
+from kerasflow.planner.parallel import ticktock
+from kerasflow.planner.search import planning
 from kerasflow.strategies import Collaborators
 from kerasflow.strategies.options import Options
 from kerasflow.strategies.replicas import Replicas, ring_all_reduce

@@ -29,9 +29,10 @@ import pytest
 import tensorflow as tf
 
 import kerasflow
-from kerasflow.planner import Shard, baselines, cpop, heft, one_copy_data_parallel, simulate, ticktock
-from kerasflow.planner.graphtables import LOSS_GROUP, gradient_sums
-from kerasflow.planner.plan import Plan
+from kerasflow.planner import Shard, baselines, cpop, heft, one_copy_data_parallel, simulate
+from kerasflow.planner.parallel import ticktock
+from kerasflow.planner.ir.graphtables import LOSS_GROUP, gradient_sums
+from kerasflow.planner.ir.plan import Plan
 
 DEVICES = ["/CPU:0", "/CPU:1"]
 BATCH = 32

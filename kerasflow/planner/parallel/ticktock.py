@@ -17,15 +17,16 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ..errors import InvalidPlanError
+from ..ir.cluster import Cluster
+from ..ir.graph import OpGraph
+from ..ir.graphtables import batch_ops, batch_statistics
+from ..ir.plan import Plan, Waves
+from ..sim.planchecks import attach_orders
+from ..sim.predict import with_result
+from ..sim.simulator import simulate_tasks, step_overhead
+from ..sim.taskgraph import build_task_graph, busiest_device_seconds, longest_chain_seconds
 from . import baselines
-from .cluster import Cluster
-from .errors import InvalidPlanError
-from .graph import OpGraph
-from .plan import Plan, Waves
-from .planchecks import attach_orders
-from .simulator import simulate_tasks, step_overhead
-from .taskgraph import build_task_graph, busiest_device_seconds, longest_chain_seconds
-from .graphtables import batch_ops, batch_statistics
 
 __all__ = ["batch_coupled_ops", "replica_coupled_ops", "with_waves", "slower_than", "tick_tock_data_parallel",
            "tick_tock_model_parallel", "pipeline"]
@@ -98,7 +99,7 @@ def with_waves(plan: Plan, graph: OpGraph, cluster: Cluster, *, count: int = 2, 
         if not result.start_order_replays:
             attach_orders(tasks, cluster, waved, causal=True)
             result = simulate_tasks(graph, cluster, tasks, deadline=deadline)
-    return None if result is None else baselines.with_result(waved, graph, cluster, batch, result)
+    return None if result is None else with_result(waved, graph, cluster, batch, result)
 
 
 def slower_than(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float, seconds: float) -> bool:

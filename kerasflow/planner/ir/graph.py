@@ -14,8 +14,8 @@ import json
 import math
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
-from . import _jsonio
-from .errors import InvalidGraphError
+from .. import _jsonio
+from ..errors import InvalidGraphError
 from .toposort import topological_order
 
 __all__ = ["Affine", "Op", "Edge", "OpGraph", "PHASES", "GRAPH_FORMAT_VERSION"]

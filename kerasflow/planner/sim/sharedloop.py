@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 
-from .cluster import Cluster
+from ..ir.cluster import Cluster
 from .taskgraph import TaskGraph, queued_tasks
 
 __all__ = ["run_shared"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .errors import InvalidGraphError
+from ..errors import InvalidGraphError
 from .graph import Affine, OpGraph
 from .hardware import DEVICE_SPECS, DeviceSpec
 

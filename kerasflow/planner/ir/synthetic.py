@@ -294,7 +294,7 @@ def build(family: str, **kwargs) -> OpGraph:
     Raises:
         InvalidGraphError: an unknown family.
     """
-    from .errors import InvalidGraphError
+    from ..errors import InvalidGraphError
 
     if family not in FAMILIES:
         raise InvalidGraphError(f"Unknown synthetic family {family!r}; choose one of {sorted(FAMILIES)}.")

@@ -13,10 +13,10 @@ tries it only where it tries waves.
 
 from __future__ import annotations
 
-from .cluster import Cluster
-from .errors import InvalidPlanError
-from .graph import OpGraph
-from .plan import Plan
+from ..errors import InvalidPlanError
+from ..ir.cluster import Cluster
+from ..ir.graph import OpGraph
+from ..ir.plan import Plan
 from .ticktock import with_waves
 
 __all__ = ["one_copy_data_parallel"]

@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping, Sequence
 
-from .cluster import Cluster
-from .errors import InsufficientMemoryError
-from .graph import OpGraph
-from .plan import Plan, Shard
-from .ranks import predecessors
-from .simulator import SimulationResult, run_task_graph
-from .graphtables import batch_ops, group_ops, shardable_ops, split_groups, variable_groups
-from .taskgraph import TaskGraph, build_task_graph
+from ..errors import InsufficientMemoryError
+from ..ir.cluster import Cluster
+from ..ir.graph import OpGraph
+from ..ir.graphtables import batch_ops, group_ops, shardable_ops, split_groups, variable_groups
+from ..ir.plan import Plan, Shard
+from ..sim.simulator import SimulationResult, run_task_graph
+from ..sim.taskgraph import TaskGraph, build_task_graph
+from ..schedule.ranks import predecessors
 
 __all__ = ["splittable_layers", "layer_weight_bytes", "split_pays", "critical_tasks", "split_search",
            "balanced_shards"]

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from . import baselines
-from .cluster import Cluster
-from .errors import InsufficientMemoryError, InvalidPlanError
-from .graph import OpGraph
-from .graphtables import temporary_bytes
-from .listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
-from .plan import Plan
+from ..errors import InsufficientMemoryError, InvalidPlanError
+from ..ir.cluster import Cluster
+from ..ir.graph import OpGraph
+from ..ir.graphtables import temporary_bytes
+from ..ir.plan import Plan
+from ..schedule.listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
+from ..parallel import baselines
+from ..parallel.ticktock import pipeline, tick_tock_data_parallel, tick_tock_model_parallel
 from .planning import plan
-from .ticktock import pipeline, tick_tock_data_parallel, tick_tock_model_parallel
 
 __all__ = ["max_batch", "MaxBatch", "STRATEGIES"]
 

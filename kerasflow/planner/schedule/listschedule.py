@@ -28,11 +28,11 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from operator import sub
 
-from .cluster import Cluster
-from .errors import InsufficientMemoryError
-from .graph import OpGraph
+from ..errors import InsufficientMemoryError
+from ..ir.cluster import Cluster
+from ..ir.graph import OpGraph
+from ..sim.taskgraph import TaskGraph
 from .ranks import TaskCosts, predecessors, topological_tasks
-from .taskgraph import TaskGraph
 
 __all__ = ["Schedule", "list_schedule", "memory_budgets", "DEFAULT_MEMORY_HEADROOM"]
 
@@ -497,8 +497,8 @@ def _fits_nowhere(op_name: str, need: float, largest_free: float, budgets: list[
 
 def scheduling_tasks(graph: OpGraph, cluster: Cluster, splits, batch: float) -> tuple[TaskGraph, list[int]]:
     """The tasks a list scheduler places for ``splits``, and which are pinned (the shards)."""
-    from .plan import Plan
-    from .taskgraph import build_task_graph
+    from ..ir.plan import Plan
+    from ..sim.taskgraph import build_task_graph
 
     first = cluster.device_names[0]
     provisional = Plan(placement={op.name: first for op in graph.ops}, splits=splits or {})
@@ -510,14 +510,14 @@ def scheduling_tasks(graph: OpGraph, cluster: Cluster, splits, batch: float) -> 
 def plan_from_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, schedule: Schedule, *,
                        splits, batch: int, algorithm: str, unless_slower_than: float | None = None):
     """The plan a schedule describes (placement, per-device start order), simulated (None once
-    the simulation passes ``unless_slower_than`` seconds, as ``baselines.with_prediction``).
+    the simulation passes ``unless_slower_than`` seconds, as ``predict.with_prediction``).
 
     The order is the schedule's start order on each device; auxiliary copies are left to
     the simulator (they run as soon as they are ready).
     """
-    from .baselines import with_prediction
-    from .errors import InvalidPlanError
-    from .plan import Plan
+    from ..sim.predict import with_prediction
+    from ..errors import InvalidPlanError
+    from ..ir.plan import Plan
 
     names = cluster.device_names
     placement: dict[str, str] = {}
@@ -533,7 +533,7 @@ def plan_from_schedule(tg: TaskGraph, graph: OpGraph, cluster: Cluster, schedule
     except InvalidPlanError:
         # The schedule's order met a derived copy in an order the simulator cannot keep:
         # use the order the simulator itself finds for this placement.
-        from .simulator import simulate
+        from ..sim.simulator import simulate
 
         unordered = Plan(placement=plan.placement, splits=plan.splits, batch_size=batch, algorithm=algorithm)
         order = simulate(graph, cluster, unordered, batch=batch, memory=False).start_order()

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ._gc import collector_paused
-from .cluster import Cluster
-from .graph import Affine, OpGraph
-from .graphtables import batch_statistics, durations, folded_ops, split_groups, static_tables
-from .plan import Plan
+from .._gc import collector_paused
+from ..ir.cluster import Cluster
+from ..ir.graph import Affine, OpGraph
+from ..ir.graphtables import batch_statistics, durations, folded_ops, split_groups, static_tables
+from ..ir.plan import Plan
 from .planchecks import attach_orders, resolve_plan
 from .ring import FUSION_BUFFER_BYTES, fusion_buffers
 from .tasknames import auxiliary_name, barrier_name, copy_name

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .cluster import Cluster
-from .graph import OpGraph
-from .graphtables import temporary_bytes
+from ..ir.cluster import Cluster
+from ..ir.graph import OpGraph
+from ..ir.graphtables import temporary_bytes
+from ..ir.plan import Plan, Shard
 from .listschedule import (
     DEFAULT_MEMORY_HEADROOM, list_schedule, memory_budgets, plan_from_schedule, scheduling_tasks,
 )
-from .plan import Plan, Shard
 from .ranks import TaskCosts, average_link, topological_tasks, upward_ranks
 
 __all__ = ["heft"]

@@ -10,11 +10,11 @@ IEEE TPDS 2002). Tasks on a critical path have the largest ``rank_u + rank_d``.
 
 from __future__ import annotations
 
-from .cluster import Cluster
-from .graph import OpGraph
-from .graphtables import durations
-from .taskgraph import TaskGraph
-from .toposort import topological_order
+from ..ir.cluster import Cluster
+from ..ir.graph import OpGraph
+from ..ir.graphtables import durations
+from ..ir.toposort import topological_order
+from ..sim.taskgraph import TaskGraph
 
 __all__ = ["TaskCosts", "upward_ranks", "downward_ranks", "critical_path", "topological_tasks",
            "predecessors", "average_link"]
@@ -34,7 +34,7 @@ class TaskCosts:
 
     Example:
         >>> from kerasflow.planner import Cluster, Plan, synthetic
-        >>> from kerasflow.planner.taskgraph import build_task_graph
+        >>> from kerasflow.planner.sim.taskgraph import build_task_graph
         >>> graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("4xV100-pcie")
         >>> tg = build_task_graph(graph, cluster, Plan(placement={o.name: "/GPU:0" for o in graph.ops}))
         >>> costs = TaskCosts(tg, graph, cluster)
@@ -165,7 +165,7 @@ def critical_path(tg: TaskGraph, upward: list[float], downward: list[float]) -> 
 
     Example:
         >>> from kerasflow.planner import Cluster, Op, OpGraph, Plan
-        >>> from kerasflow.planner.taskgraph import build_task_graph
+        >>> from kerasflow.planner.sim.taskgraph import build_task_graph
         >>> graph = OpGraph([Op("a", cost={"X": 1.0}), Op("b", cost={"X": 5.0}), Op("c", cost={"X": 1.0})],
         ...                 [("a", "b", None), ("a", "c", None)])
         >>> from kerasflow.planner import Device

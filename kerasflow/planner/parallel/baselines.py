@@ -1,4 +1,4 @@
-"""Baseline plans every planner is judged against, and a lower bound on the step time.
+"""Baseline plans every planner is judged against.
 
 - ``default_placement``: what TensorFlow runs without a plan: everything on the first device, in
   data-flow order (on a CPU host, up to its inter-op threads at once: ``SharedCompute``).
@@ -9,63 +9,20 @@
   ``synchronized=False``, each replica's own (``MirroredStrategy``'s math).
 - ``layerwise_model_parallel``: layers in topological order cut into contiguous stages
   balanced by cost, one stage per device.
-- ``lower_bound``: no plan can beat it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import NamedTuple
 
-from .cluster import Cluster
-from .errors import InvalidPlanError
-from .graph import OpGraph
-from .plan import DataParallel, Plan
-from .simulator import SimulationResult, simulate
-from .graphtables import batch_ops
+from ..errors import InvalidPlanError
+from ..ir.cluster import Cluster
+from ..ir.graph import OpGraph
+from ..ir.plan import DataParallel, Plan
+from ..sim.predict import with_prediction
 
-__all__ = ["DEFAULT_PLACEMENT", "default_placement", "best_other_than_the_default", "single_device", "data_parallel", "layerwise_model_parallel", "lower_bound",
-           "LowerBound", "fastest_device", "with_prediction", "with_result"]
-
-
-def with_prediction(plan: Plan, graph: OpGraph, cluster: Cluster, batch: int | None = None, *,
-                    unless_slower_than: float | None = None) -> Plan | None:
-    """``plan`` with its predicted step time, peak memory and provenance filled in by the simulator;
-    None once the simulation passes ``unless_slower_than`` seconds (``simulator.simulate_tasks``'
-    deadline: a plan that must beat another is not run to the end).
-
-    Example:
-        >>> from kerasflow.planner import synthetic
-        >>> graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
-        >>> with_prediction(single_device(graph, cluster), graph, cluster).predicted_step_time > 0
-        True
-        >>> with_prediction(single_device(graph, cluster), graph, cluster, unless_slower_than=1e-9) is None
-        True
-    """
-    batch = batch or plan.batch_size or graph.batch_size
-    deadline = math.inf if unless_slower_than is None else unless_slower_than
-    result = simulate(graph, cluster, plan, batch=batch, deadline=deadline)
-    return None if result is None else with_result(plan, graph, cluster, batch, result)
-
-
-def with_result(plan: Plan, graph: OpGraph, cluster: Cluster, batch: int, result: SimulationResult) -> Plan:
-    """``plan`` with its predicted step time and peak memory from ``result``, a simulation of it
-    at ``batch`` (``with_prediction`` without the simulation), and its provenance.
-
-    Example:
-        >>> from kerasflow.planner import synthetic
-        >>> graph, cluster = synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
-        >>> one = single_device(graph, cluster)
-        >>> batch = graph.batch_size
-        >>> with_result(one, graph, cluster, batch, simulate(graph, cluster, one, batch=batch)) == with_prediction(
-        ...     one, graph, cluster, batch)
-        True
-    """
-    return dataclasses.replace(
-        plan, batch_size=batch, predicted_step_time=result.makespan,
-        predicted_peak_memory=dict(result.peak_memory), graph_fingerprint=graph.fingerprint(),
-        cluster=cluster.name)
+__all__ = ["DEFAULT_PLACEMENT", "default_placement", "best_other_than_the_default", "single_device", "data_parallel", "layerwise_model_parallel",
+           "fastest_device"]
 
 
 def fastest_device(graph: OpGraph, cluster: Cluster, batch: float | None = None) -> str:
@@ -249,59 +206,3 @@ def _place_by_layer(graph: OpGraph, topo: list[str], device_of_layer: dict[str, 
         if group is not None:
             placement[name] = group_device.setdefault(group, placement[name])
     return placement
-
-
-class LowerBound(NamedTuple):
-    """A lower bound on the step time and its two parts.
-
-    Attributes:
-        seconds: the bound, ``max(critical_path, average_work)``.
-        critical_path: the longest chain of ops, each at its best device, with the
-            per-sample part of batch ops shared by all devices (splitting can do no better).
-        average_work: the total work, each op at its best device, over the device count.
-    """
-
-    seconds: float
-    critical_path: float
-    average_work: float
-
-
-def lower_bound(graph: OpGraph, cluster: Cluster, batch: float | None = None) -> LowerBound:
-    """A step time no plan (placement, splits, waves or data parallelism) can beat.
-
-    Transfers are ignored and every op takes its fastest device, so the bound is loose
-    when communication matters; it is exact for one device running a chain.
-
-    Example:
-        >>> from kerasflow.planner import synthetic
-        >>> graph = synthetic.chain_mlp(layers=2)
-        >>> cluster = Cluster.preset("cpu-testbed:1")
-        >>> abs(lower_bound(graph, cluster).seconds - graph.total_work("CPU")) < 1e-12
-        True
-    """
-    batch = graph.batch_size if batch is None else batch
-    devices = cluster.devices
-    count = len(devices)
-    is_batch = batch_ops(graph)
-    work = []
-    chain = []
-    for i, op in enumerate(graph.ops):
-        best_total = best_fixed = best_per = math.inf
-        for d in devices:
-            cost = op.cost.get(d.kind)
-            if cost is None:
-                continue
-            best_total = min(best_total, cost.at(batch) / d.speed)
-            best_fixed = min(best_fixed, cost.fixed / d.speed)
-            best_per = min(best_per, cost.per_sample * batch / d.speed)
-        if best_total == math.inf:
-            op.duration(devices[0].kind, batch)  # raises the clear missing-cost error
-        work.append(best_total)
-        chain.append(best_fixed + best_per / count if is_batch[i] and count > 1 else best_total)
-    s = graph._structure
-    finish = [0.0] * len(work)
-    for i in s.topo:
-        finish[i] = max((finish[p] for p in s.preds[i]), default=0.0) + chain[i]
-    critical = max(finish, default=0.0)
-    average = math.fsum(work) / count
-    return LowerBound(max(critical, average), critical, average)

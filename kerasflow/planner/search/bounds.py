@@ -1,6 +1,6 @@
-"""A step-time bound per family of plans kerasflow builds, and the smallest of them.
+"""Bounds on the step time: one for any schedule, one per family of plans kerasflow builds.
 
-``baselines.lower_bound`` holds for any schedule of the graph's work; it lets every batch op
+``lower_bound`` holds for any schedule of the graph's work; it lets every batch op
 share its per-sample work among all devices and sends nothing, so on large clusters it mostly
 measures itself. ``step_time_bound`` bounds the plans kerasflow can express, family by family,
 each by what every plan of that family must pay:
@@ -30,15 +30,71 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from . import baselines
-from .cluster import Cluster
-from .graph import OpGraph
+from ..ir.cluster import Cluster
+from ..ir.graph import OpGraph
+from ..ir.graphtables import batch_ops, split_groups
+from ..parallel import baselines
+from ..parallel.splitting import splittable_layers
+from ..parallel.ticktock import batch_coupled_ops, tick_tock_data_parallel
 from .planning import strongest_host
-from .splitting import splittable_layers
-from .graphtables import batch_ops, split_groups
-from .ticktock import batch_coupled_ops, tick_tock_data_parallel
 
-__all__ = ["StepTimeBound", "step_time_bound"]
+__all__ = ["LowerBound", "lower_bound", "StepTimeBound", "step_time_bound"]
+
+
+class LowerBound(NamedTuple):
+    """A lower bound on the step time and its two parts.
+
+    Attributes:
+        seconds: the bound, ``max(critical_path, average_work)``.
+        critical_path: the longest chain of ops, each at its best device, with the
+            per-sample part of batch ops shared by all devices (splitting can do no better).
+        average_work: the total work, each op at its best device, over the device count.
+    """
+
+    seconds: float
+    critical_path: float
+    average_work: float
+
+
+def lower_bound(graph: OpGraph, cluster: Cluster, batch: float | None = None) -> LowerBound:
+    """A step time no plan (placement, splits, waves or data parallelism) can beat.
+
+    Transfers are ignored and every op takes its fastest device, so the bound is loose
+    when communication matters; it is exact for one device running a chain.
+
+    Example:
+        >>> from kerasflow.planner import synthetic
+        >>> graph = synthetic.chain_mlp(layers=2)
+        >>> cluster = Cluster.preset("cpu-testbed:1")
+        >>> abs(lower_bound(graph, cluster).seconds - graph.total_work("CPU")) < 1e-12
+        True
+    """
+    batch = graph.batch_size if batch is None else batch
+    devices = cluster.devices
+    count = len(devices)
+    is_batch = batch_ops(graph)
+    work = []
+    chain = []
+    for i, op in enumerate(graph.ops):
+        best_total = best_fixed = best_per = math.inf
+        for d in devices:
+            cost = op.cost.get(d.kind)
+            if cost is None:
+                continue
+            best_total = min(best_total, cost.at(batch) / d.speed)
+            best_fixed = min(best_fixed, cost.fixed / d.speed)
+            best_per = min(best_per, cost.per_sample * batch / d.speed)
+        if best_total == math.inf:
+            op.duration(devices[0].kind, batch)  # raises the clear missing-cost error
+        work.append(best_total)
+        chain.append(best_fixed + best_per / count if is_batch[i] and count > 1 else best_total)
+    s = graph._structure
+    finish = [0.0] * len(work)
+    for i in s.topo:
+        finish[i] = max((finish[p] for p in s.preds[i]), default=0.0) + chain[i]
+    critical = max(finish, default=0.0)
+    average = math.fsum(work) / count
+    return LowerBound(max(critical, average), critical, average)
 
 
 class StepTimeBound(NamedTuple):
@@ -86,7 +142,7 @@ def step_time_bound(graph: OpGraph, cluster: Cluster, batch: float | None = None
         >>> bound = step_time_bound(graph, cluster)
         >>> bound.seconds == min(bound.replicated, bound.one_pass, bound.micro_batched)  # no BatchNormalization
         True
-        >>> bound.one_pass >= baselines.lower_bound(graph, cluster).seconds
+        >>> bound.one_pass >= lower_bound(graph, cluster).seconds
         True
     """
     batch = graph.batch_size if batch is None else batch

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from .errors import InvalidPlanError
-from .plan import Plan
+from ..errors import InvalidPlanError
+from ..ir.plan import Plan
 
 __all__ = ["rerank", "same_kind"]
 

@@ -6,8 +6,8 @@ import dataclasses
 import re
 from typing import Any, Iterable, Mapping, NamedTuple
 
-from . import _jsonio
-from .errors import InvalidClusterError
+from .. import _jsonio
+from ..errors import InvalidClusterError
 from .hardware import DEVICE_SPECS, GB
 from .machine import SharedCompute
 

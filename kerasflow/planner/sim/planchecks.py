@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cluster import Cluster
-from .errors import InvalidPlanError
-from .graph import OpGraph
-from .graphtables import (batch_ops, colocation_groups, gradient_sums, group_ops, layer_readers, shardable_ops,
+from ..errors import InvalidPlanError
+from ..ir.cluster import Cluster
+from ..ir.graph import OpGraph
+from ..ir.graphtables import (batch_ops, colocation_groups, gradient_sums, group_ops, layer_readers, shardable_ops,
                           split_groups)
-from .plan import Plan
-from .toposort import topological_order
+from ..ir.plan import Plan
+from ..ir.toposort import topological_order
 
 __all__ = ["ResolvedPlan", "resolve_plan", "attach_orders"]
 

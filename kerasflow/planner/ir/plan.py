@@ -7,8 +7,8 @@ import math
 from itertools import repeat
 from typing import Any, Mapping, Sequence
 
-from . import _jsonio
-from .errors import InvalidPlanError, KerasflowError
+from .. import _jsonio
+from ..errors import InvalidPlanError, KerasflowError
 
 __all__ = ["Shard", "Waves", "DataParallel", "Plan", "PLAN_FORMAT_VERSION", "WAVE_OFFSETS", "MAX_WAVES"]
 
@@ -25,7 +25,7 @@ def _predicted(value: Any, field: str) -> None:
 
 
 def _version() -> str:
-    from .._version import __version__
+    from ..._version import __version__
 
     return __version__
 
@@ -304,7 +304,7 @@ class Plan:
         Raises:
             InvalidPlanError: the first problem found, naming the op, layer or device.
         """
-        from .taskgraph import build_task_graph
+        from ..sim.taskgraph import build_task_graph
 
         build_task_graph(graph, cluster, self)
 
@@ -324,7 +324,7 @@ class Plan:
             >>> "/GPU:0" in text and "100%" in text
             True
         """
-        from .report import plan_summary
+        from ..sim.report import plan_summary
 
         text = plan_summary(self, graph, cluster)
         if print_fn is not None:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, Mapping
 
-from . import _jsonio
-from .errors import InvalidClusterError
+from .. import _jsonio
+from ..errors import InvalidClusterError
 
 __all__ = ["SharedCompute"]
 

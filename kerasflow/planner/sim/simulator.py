@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ._gc import collector_paused
-from ._jsonio import check_number
-from .cluster import Cluster
-from .errors import SimulationError
-from .graph import OpGraph
-from .plan import Plan
+from .._gc import collector_paused
+from .._jsonio import check_number
+from ..errors import SimulationError
+from ..ir.cluster import Cluster
+from ..ir.graph import OpGraph
+from ..ir.plan import Plan
 from .ring import gather_transfers
 from .sharedloop import run_shared
 from .taskgraph import TaskGraph, build_task_graph, queued_tasks
@@ -187,7 +187,7 @@ class SimulationResult:
 
     def save_chrome_trace(self, path) -> None:
         """Writes ``to_chrome_trace()`` as JSON to ``path`` (atomically: a failure leaves nothing)."""
-        from . import _jsonio
+        from .. import _jsonio
 
         _jsonio.write_atomically(path, json.dumps(self.to_chrome_trace()).encode("utf-8"), what="timeline")
 
@@ -239,7 +239,7 @@ def simulate_tasks(graph: OpGraph, cluster: Cluster, tasks: TaskGraph, *, memory
 
     Example:
         >>> from kerasflow.planner import Cluster, Plan, synthetic
-        >>> from kerasflow.planner.taskgraph import build_task_graph
+        >>> from kerasflow.planner.sim.taskgraph import build_task_graph
         >>> graph, cluster = synthetic.chain_mlp(layers=3), Cluster.preset("2xK80-pcie")
         >>> plan = Plan(placement={o.name: "/GPU:0" for o in graph.ops})
         >>> tasks = build_task_graph(graph, cluster, plan)

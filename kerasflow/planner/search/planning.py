@@ -24,21 +24,22 @@ import math
 import warnings
 from typing import Callable
 
-from .._progress import progress_bar
-from . import baselines
-from ._gc import collector_paused
-from ._jsonio import check_number
-from .cluster import Cluster
-from .cpop import cpop
-from .errors import InsufficientMemoryError, InvalidPlanError
-from .graph import OpGraph
-from .graphtables import batch_statistics, refused_batch_sizes, temporary_bytes
-from .heft import heft
-from .listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
-from .onecopy import one_copy_data_parallel
-from .plan import Plan
-from .splitting import hybrid_splits, split_search
-from .ticktock import (
+from ..._progress import progress_bar
+from .._gc import collector_paused
+from .._jsonio import check_number
+from ..errors import InsufficientMemoryError, InvalidPlanError
+from ..ir.cluster import Cluster
+from ..ir.graph import OpGraph
+from ..ir.graphtables import batch_statistics, refused_batch_sizes, temporary_bytes
+from ..ir.plan import Plan
+from ..sim.predict import with_prediction
+from ..schedule.cpop import cpop
+from ..schedule.heft import heft
+from ..schedule.listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
+from ..parallel import baselines
+from ..parallel.onecopy import one_copy_data_parallel
+from ..parallel.splitting import hybrid_splits, split_search
+from ..parallel.ticktock import (
     batch_coupled_ops, tick_tock_data_parallel, tick_tock_model_parallel, with_waves,
 )
 
@@ -350,7 +351,7 @@ def order_if_faster(candidate: Plan, graph: OpGraph, cluster: Cluster,
         return candidate
     # Only a faster run counts: one that passes the candidate's step is stopped there.
     to_beat = candidate.predicted_step_time * (1 - 1e-9)
-    unordered = baselines.with_prediction(dataclasses.replace(candidate, order={}), graph, cluster,
+    unordered = with_prediction(dataclasses.replace(candidate, order={}), graph, cluster,
                                           candidate.batch_size, unless_slower_than=to_beat)
     if unordered is None or not unordered.predicted_step_time < to_beat:
         return candidate

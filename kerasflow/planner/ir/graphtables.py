@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .errors import InvalidGraphError
+from ..errors import InvalidGraphError
 from .graph import OpGraph
 
 __all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "BatchStatistics", "batch_ops",
