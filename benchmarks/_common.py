@@ -1,5 +1,5 @@
-"""Shared bits of the benchmark scripts: import path, table printing, machine line, step timing,
-the first step's fused kernels."""
+"""Shared bits of the benchmark scripts: import path, table printing, machine line, the devices,
+step timing."""
 
 from __future__ import annotations
 
@@ -15,6 +15,23 @@ from kerasflow.planner.sim.report import format_table  # noqa: E402,F401
 def machine() -> str:
     """One line naming the machine and Python, printed above every table."""
     return f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+
+
+def devices(memory_mb: int) -> tuple[str, list[str]]:
+    """Configures TensorFlow's devices before it starts (``gpu_check.py``'s, and ``calibration.py``'s
+    where there are GPUs): the GPUs, a single one split into two logical GPUs of ``memory_mb`` MiB
+    each; else two logical CPUs of one intra-op thread. Returns (kind, device names)."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) == 1:
+        config = tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)
+        tf.config.set_logical_device_configuration(gpus[0], [config, config])
+    if gpus:
+        return "GPU", [f"/GPU:{i}" for i in range(len(tf.config.list_logical_devices("GPU")))]
+    import kerasflow
+
+    return "CPU", kerasflow.devices.virtual_cpus(2, intra_op_threads=1, inter_op_threads=2)
 
 
 def step_durations(model, x, y, batch_size: int, callbacks=()):
@@ -33,25 +50,3 @@ def step_durations(model, x, y, batch_size: int, callbacks=()):
     started = time.perf_counter()
     model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False, callbacks=[*callbacks, Clock()])
     return np.diff([started] + ends)
-
-
-def first_step_recorder():
-    """A Keras callback that keeps the partition graphs of ``fit``'s first step in its
-    ``partition_graphs`` (TensorFlow records a function's when it instantiates it, which that
-    step does): ``readback.fused_kernel_count`` counts the fused kernels plain Keras' step runs."""
-    import keras
-
-    from kerasflow.strategies.readback import start_recording, stop_recording
-
-    class FirstStep(keras.callbacks.Callback):
-        partition_graphs = None
-
-        def on_train_batch_begin(self, batch, logs=None):
-            if batch == 0:
-                start_recording()
-
-        def on_train_batch_end(self, batch, logs=None):
-            if batch == 0:
-                self.partition_graphs = stop_recording()
-
-    return FirstStep()

@@ -88,12 +88,12 @@ def model_and_data(name: str, keras):
     import numpy as np
 
     if name in TESTBED:
-        from profile_zoo import build
+        from kerasflow.testing.testbed_models import build
 
         model, (x, y) = build(name, keras)
         batch = len(y)
     else:
-        from tests.compat.test_tutorial_models import PATTERNS as ALL
+        from kerasflow.testing.tutorial_models import PATTERNS as ALL
 
         pattern = next(p for p in ALL if p.name == name)
         model = pattern.build()
@@ -111,7 +111,7 @@ def devices() -> list[str]:
     import tensorflow as tf
 
     if tf.config.list_physical_devices("GPU"):
-        from gpu_check import devices as gpus
+        from _common import devices as gpus
 
         return gpus(4096)[1]
     import kerasflow
@@ -129,7 +129,7 @@ def worker(name: str, rounds: int, steps: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from kerasflow.planner import baselines
+    from kerasflow.planner import PlanRequest, baselines
     from kerasflow.planner.search.planning import candidate_plans
     from kerasflow.strategies import Collaborators
 
@@ -138,10 +138,11 @@ def worker(name: str, rounds: int, steps: int) -> dict:
     def forced(kind):
         candidate, split = KINDS[kind]
 
-        def planner(graph, cluster, **settings):
-            defaults.append(baselines.default_placement(graph, cluster).predicted_step_time)
-            plans, _ = candidate_plans(graph, cluster, split=split, candidates=(candidate,), tick_tock="off",
-                                       replicated=settings["replicated"], verbose=0, max_split_evaluations=8)
+        def planner(request):
+            defaults.append(baselines.default_placement(request.graph, request.cluster).predicted_step_time)
+            plans, _ = candidate_plans(PlanRequest(request.graph, request.cluster, split=split, candidates=(candidate,),
+                                                   tick_tock="off", replicated=request.replicated, verbose=0,
+                                                   max_split_evaluations=8))
             if kind not in plans and not (candidate in plans and not split):
                 raise LookupError(f"no {kind} plan for this model")
             return [dataclasses.replace(plans[kind if kind in plans else candidate], algorithm=kind)]

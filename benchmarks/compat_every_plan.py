@@ -26,9 +26,11 @@ kerasflow.devices.virtual_cpus(4)
 import tensorflow as tf  # noqa: E402
 
 from kerasflow.planner import ranked_plans  # noqa: E402
-from kerasflow.strategies import Collaborators, ScriptedStopwatch  # noqa: E402
-from tests.compat.test_tutorial_models import (PATTERNS, assert_like_plain_keras, kerasflow_warnings,  # noqa: E402
-                                               plain_keras, train)
+from kerasflow.strategies import Collaborators  # noqa: E402
+from kerasflow.testing import ScriptedStopwatch  # noqa: E402
+from kerasflow.testing.tutorial_models import PATTERNS  # noqa: E402
+from kerasflow.testing.tutorial_runs import (assert_like_plain_keras, kerasflow_warnings, plain_keras,  # noqa: E402
+                                             train)
 
 ROUTES = [(p, "strategy") for p in PATTERNS] + [(p, "callback") for p in PATTERNS if p.callback_route]
 
@@ -41,8 +43,8 @@ def with_plan_first(rank: int):
     candidates than ``rank + 1``, the ranking is left as it is and the name is None."""
     first = []
 
-    def rotated(*args, **kwargs):
-        ranked = ranked_plans(*args, **kwargs)
+    def rotated(request):
+        ranked = ranked_plans(request)
         if rank >= len(ranked):
             first.append((None, len(ranked)))
             return ranked

@@ -16,7 +16,8 @@ checks that premise on one model, in one process:
 Usage:
     cd benchmarks && python cost_model_check.py [--model lstm] [--rounds 4] [--steps 30]
 
-Models as in ``profile_zoo.py``. About 2 to 4 minutes per model on 2 cores.
+Models as in ``profile_zoo.py`` (``kerasflow/testing/testbed_models.py``). About 2 to 4 minutes
+per model on 2 cores.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def main() -> None:
 
     from kerasflow.planner import Cluster, baselines
     from kerasflow.profiling import profile_model
-    from profile_zoo import build
+    from kerasflow.testing.testbed_models import build
 
     batch = 64 if args.model == "mlp" else 32
     cluster = Cluster.preset("cpu-testbed:2")

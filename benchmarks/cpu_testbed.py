@@ -35,8 +35,8 @@ setup's steady steps start two steps after its plan's timing (``report["settled_
 Usage:
     python benchmarks/cpu_testbed.py [--models mlp cnn resnet lstm transformer] [--steps 60] [--rounds 3]
 
-The models (``benchmarks/profile_zoo.py``): an MLP, an Inception-like CNN, a ResNet-like CNN
-with BatchNormalization, a two-layer LSTM and a two-block Transformer.
+The models (``kerasflow/testing/testbed_models.py``): an MLP, an Inception-like CNN, a
+ResNet-like CNN with BatchNormalization, a two-layer LSTM and a two-block Transformer.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def worker(setup: str, model_name: str, steps: int) -> dict:
     import keras
     import tensorflow as tf
 
-    from profile_zoo import build
+    from kerasflow.testing.testbed_models import build
 
     if setup.startswith("default"):
         strategy = tf.distribute.get_strategy()

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 
-from _common import format_table, machine, step_durations
+from _common import devices, format_table, machine, step_durations
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ("mlp", "cnn", "resnet", "lstm", "transformer")
@@ -46,25 +46,10 @@ SETUPS = ("default", "default_xla", "mirrored", "fastt", "fastt_callback")
 TICK_TOCK = "tick_tock_data_parallel"
 
 
-def devices(memory_mb: int) -> tuple[str, list[str]]:
-    """Configures TensorFlow's devices before it starts; returns (kind, device names)."""
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    if len(gpus) == 1:
-        config = tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)
-        tf.config.set_logical_device_configuration(gpus[0], [config, config])
-    if gpus:
-        return "GPU", [f"/GPU:{i}" for i in range(len(tf.config.list_logical_devices("GPU")))]
-    import kerasflow
-
-    return "CPU", kerasflow.devices.virtual_cpus(2, intra_op_threads=1, inter_op_threads=2)
-
-
 def build(name: str, keras):
     """A model of the comparison and its batch size (synthetic data, no downloads)."""
     if name in ("mlp", "cnn", "lstm", "transformer"):
-        from profile_zoo import build as zoo_build
+        from kerasflow.testing.testbed_models import build as zoo_build
 
         return zoo_build(name, keras)[0], 64 if name == "mlp" else 32
     inputs = keras.Input((32, 32, 3))  # a ResNet-like CNN with BatchNormalization

@@ -25,7 +25,6 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _common import first_step_recorder  # noqa: E402
 
 import kerasflow  # noqa: E402
 
@@ -38,6 +37,7 @@ import tensorflow as tf  # noqa: E402
 from kerasflow.planner import cpop, heft  # noqa: E402
 from kerasflow.strategies import Collaborators  # noqa: E402
 from kerasflow.strategies.readback import fused_kernel_count  # noqa: E402
+from kerasflow.testing.first_step import first_step_recorder  # noqa: E402
 
 BATCH = 32
 SCHEDULES = {"heft": heft, "cpop": cpop}
@@ -58,7 +58,7 @@ class StepLog(keras.callbacks.Callback):
         mean = float(logs["loss"])
         self.losses.append(mean * (batch + 1) - sum(self.losses))
         driver = self.strategy._driver_of() if self.strategy is not None else None
-        self.phases.append(driver.phase.value if driver is not None else "-")
+        self.phases.append(driver.state.name if driver is not None else "-")
 
 
 def data(steps: int, control_batch: int | None):
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     options = {"cluster": args.cluster} if args.cluster else {}
     if args.algorithm:
         schedule = SCHEDULES[args.algorithm]
-        options.update(drop_slower_plan=False, collaborators=Collaborators(planner=lambda g, c, **_: [schedule(g, c)]))
+        options.update(drop_slower_plan=False, collaborators=Collaborators(planner=lambda request: [schedule(request.graph, request.cluster)]))
     strategy = kerasflow.FastTStrategy(verbose=0, **options)
     started = time.perf_counter()
     planned = run(strategy, args.steps)

@@ -2,8 +2,8 @@
 
 1. Measured, on this machine: two ``python -m kerasflow.worker`` processes (2 logical CPUs
    each) and a chief connected through ``TF_CONFIG`` train the Inception-like CNN of
-   ``profile_zoo.py`` with ``FastTStrategy``; the network figure is given as fast (20 us,
-   5 GB/s) so that the plan spans the tasks. The same plan, its devices renamed
+   ``kerasflow.testing.testbed_models`` with ``FastTStrategy``; the network figure is given as
+   fast (20 us, 5 GB/s) so that the plan spans the tasks. The same plan, its devices renamed
    (``Plan.with_devices``), then runs in one process on 5 logical CPUs. Medians of the steady
    step times over ``--rounds`` alternating rounds: what crossing tasks through gRPC costs.
    The network measured over loopback is printed too.
@@ -38,7 +38,7 @@ def _train(strategy, steps: int) -> float:
     import keras
     import numpy as np
 
-    from profile_zoo import build
+    from kerasflow.testing.testbed_models import build
 
     keras.utils.set_random_seed(0)
     with strategy.scope():

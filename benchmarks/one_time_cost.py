@@ -48,7 +48,8 @@ def model_and_fit(name: str):
         x = rng.random((32 * 30, 32, 32, 3), dtype=np.float32)
         y = rng.integers(0, 10, 32 * 30)
         return lambda: quickstart.compiled(quickstart.inception_like()), ((x, y), {"batch_size": 32}), False
-    from tests.compat.test_tutorial_models import PATTERNS, fit_arguments
+    from kerasflow.testing.tutorial_models import PATTERNS
+    from kerasflow.testing.tutorial_runs import fit_arguments
 
     pattern = next(p for p in PATTERNS if p.name == name)
     return pattern.build, fit_arguments(pattern), not pattern.callable
@@ -100,7 +101,7 @@ def worker(name: str, rounds: int, cluster: str | None) -> dict:
 
 
 def main(argv=None) -> int:
-    from tests.compat.tutorial_models import PATTERNS
+    from kerasflow.testing.tutorial_models import PATTERNS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["quickstart"] + [p.name for p in PATTERNS])

@@ -34,7 +34,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from _common import first_step_recorder, format_table, machine, step_durations  # noqa: E402
+from _common import format_table, machine, step_durations  # noqa: E402
+
+from kerasflow.testing.first_step import first_step_recorder  # noqa: E402
 
 SETUPS = ("with order", "without order", "default")
 FIRST_ROUND = 20  # steps: warm-up, profile, plan, the plan's timing beside the default placement
@@ -58,15 +60,15 @@ def measure(name: str, rounds: int, steps: int) -> dict:
     from kerasflow.planner import heft
     from kerasflow.strategies import Collaborators
     from kerasflow.strategies.readback import fused_kernel_count
-    from profile_zoo import build
+    from kerasflow.testing.testbed_models import build
 
     made = {}  # the plan the first setup made, for the second
 
-    def heft_with_its_order(graph, cluster, **settings):
-        made["plan"] = heft(graph, cluster)
+    def heft_with_its_order(request):
+        made["plan"] = heft(request.graph, request.cluster)
         return [made["plan"]]
 
-    def same_placement_without_order(graph, cluster, **settings):
+    def same_placement_without_order(request):
         return [dataclasses.replace(made["plan"], order={})]
 
     first_step = first_step_recorder()  # plain Keras' step's fused kernels

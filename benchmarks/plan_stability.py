@@ -40,7 +40,7 @@ def worker(model_name: str, profiles: int) -> dict:
     from kerasflow.planner.search.planning import TIE_MARGIN, tie_margin_for
     from kerasflow.planner.parallel.ticktock import batch_coupled_ops
     from kerasflow.profiling.profiler import profile_training_step
-    from profile_zoo import build
+    from kerasflow.testing.testbed_models import build
 
     keras.utils.set_random_seed(0)
     with kerasflow.FastTStrategy(verbose=0).scope():

@@ -16,21 +16,9 @@ import importlib
 
 from kerasflow import planner
 from kerasflow._version import __version__
-from kerasflow.planner import (
-    Cluster,
-    ClusterConnectionError,
-    FileFormatError,
-    InsufficientMemoryError,
-    ProfilingError,
-    InvalidClusterError,
-    InvalidGraphError,
-    InvalidPlanError,
-    KerasflowError,
-    OpGraph,
-    Plan,
-    SimulationError,
-    plan,
-)
+from kerasflow.planner import Cluster, OpGraph, Plan, plan
+from kerasflow.planner import errors as _errors
+from kerasflow.planner.errors import *  # noqa: F403 - the error classes, listed once: errors.__all__
 
 __all__ = [
     "__version__",
@@ -45,15 +33,7 @@ __all__ = [
     "Cluster",
     "Plan",
     "plan",
-    "KerasflowError",
-    "InvalidGraphError",
-    "InvalidClusterError",
-    "InvalidPlanError",
-    "FileFormatError",
-    "SimulationError",
-    "InsufficientMemoryError",
-    "ProfilingError",
-    "ClusterConnectionError",
+    *_errors.__all__,
 ]
 
 _LAZY_SUBPACKAGES = ("profiling", "strategies", "callbacks", "devices", "multihost")

@@ -21,7 +21,8 @@ __all__ = [
     "is_batch_normalization", "can_read_weights_per_copy",
     "weights_read_here", "override", "overridden", "is_movable", "backing_variable", "set_backing_variable",
     "forget_traced_functions", "on_fit_end", "loss_trackers_counting", "custom_gradients_forgotten",
-    "registered_custom_gradients", "moving_statistics_kept", "build_when_traced_under",
+    "registered_custom_gradients", "moving_statistics_kept", "build_when_traced_under", "compiled_losses",
+    "unpack_x_y_sample_weight",
 ]
 
 try:  # tf-keras is optional (the `legacy` extra)
@@ -30,6 +31,11 @@ except ImportError:  # pragma: no cover - depends on the environment
     _tf_keras = None
 
 import keras as _keras
+
+# ``(x, y, sample_weight)`` of a batch, as ``train_step`` unpacks it. tf-keras' function is the
+# same code, so Keras' serves both. (It refuses a tuple of more than three, which plain Keras'
+# own step refuses first: such data never reaches a planned step.)
+unpack_x_y_sample_weight = _keras.utils.unpack_x_y_sample_weight
 
 
 def flavor(model: Any) -> str:
@@ -332,16 +338,11 @@ def compiled_loss(model: Any) -> Any:
     return getattr(model, "_compile_loss", None) if flavor(model) == "keras3" else None
 
 
-def loss_combines_by_share(model: Any, masked: bool) -> bool:
-    """Whether shards of the batch, each computing the compiled loss of its rows, give the whole
-    batch's loss when weighted by their share of it: every loss is one ``is_splittable_loss``
-    accepts, and (``masked``) no prediction it scores carries a mask (a masked mean divides by
-    the unmasked entries of the whole batch). False where the losses cannot be read."""
-    from kerasflow.profiling.splittable import is_splittable_loss
-
+def compiled_losses(model: Any) -> list:
+    """The loss objects the compiled loss sums (``profiling.splittable.losses_combine_by_share``
+    judges them); empty where they cannot be read (no compiled loss, tf-keras)."""
     entries = getattr(compiled_loss(model), "_flat_losses", None)  # (path, loss, weight, name) in Keras 3.15
-    losses = [entry[1] if isinstance(entry, tuple) else entry for entry in entries or ()]
-    return bool(losses) and not masked and all(is_splittable_loss(loss) for loss in losses)
+    return [entry[1] if isinstance(entry, tuple) else entry for entry in entries or ()]
 
 
 def carries_mask(structure: Any) -> bool:

@@ -13,7 +13,9 @@ from typing import Sequence
 from kerasflow.planner import (Cluster, KerasflowError, OpGraph, Plan, baselines, lower_bound, simulate, step_time_bound,
                                synthetic)
 from kerasflow.planner._jsonio import MAX_MAGNITUDE, check_writable
-from kerasflow.planner.search.planning import TICK_TOCK_MODES, candidate_plans, plan as make_plan
+from kerasflow.planner.search.candidates import label
+from kerasflow.planner.search.planning import candidate_plans, plan as make_plan
+from kerasflow.planner.search.request import TICK_TOCK_MODES, PlanRequest
 from kerasflow.planner.sim.report import format_bytes, format_table
 from kerasflow.planner.ir.hardware import DEVICE_SPECS
 
@@ -91,40 +93,24 @@ def with_estimates(graph: OpGraph, cluster: Cluster) -> OpGraph:
     return estimate_costs(graph, missing)
 
 
-_LABELS = {
-    "single_device": "single device",
-    "data_parallel": "data-parallel",
-    "data_parallel_one_host": "data-parallel inside one host",
-    "layerwise_model_parallel": "layer-wise model-parallel",
-    "heft": "HEFT", "heft-layers": "HEFT (layer affinity)",
-    "cpop": "CPOP", "cpop-layers": "CPOP (layer affinity)",
-    "tick_tock_data_parallel": "Tick-Tock data-parallel",
-    "tick_tock_model_parallel": "Tick-Tock model-parallel",
-    "split": "op splitting", "waves": "Tick-Tock waves",
-}
-
-
-def label(candidate: str) -> str:
-    """A readable name for a candidate (``"heft+split"`` -> ``"HEFT + op splitting"``).
-
-    Example:
-        >>> label("cpop-layers+split+waves")
-        'CPOP (layer affinity) + op splitting + Tick-Tock waves'
-    """
-    return " + ".join(_LABELS.get(part, part) for part in candidate.split("+"))
-
-
 def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None, *, split: bool = True,
                     memory_limit: float | None = None) -> list[dict]:
     """Predicted figures of every strategy kerasflow tries, its plan, and the two bounds.
 
     Returns:
-        One dict per strategy: ``name``, ``step_time`` (s), ``peak_memory`` (bytes on the
-        fullest device; None for a bound), ``plan`` (None for a bound). The row named
+        One dict per strategy, named by its registry label (``label``): ``name``, ``step_time``
+        (s), ``peak_memory`` (bytes on the fullest device; None for a bound), ``plan`` (None for a
+        bound); a strategy left out has ``fits`` False and None for the others. The row named
         ``"kerasflow plan"`` is the one ``kerasflow.plan`` returns.
+
+    Example:
+        >>> rows = comparison_rows(synthetic.chain_mlp(layers=2), Cluster.preset("2xK80-pcie"), split=False)
+        >>> [row["name"] for row in rows][:3]
+        ['default placement', 'single device', 'data-parallel']
     """
     batch = batch or graph.batch_size
-    plans, excluded = candidate_plans(graph, cluster, batch_size=batch, split=split, memory_limit=memory_limit)
+    plans, misfits = candidate_plans(PlanRequest(graph, cluster, batch_size=batch, split=split,
+                                                 memory_limit=memory_limit))
     rows = []
     for name, candidate in plans.items():
         rows.append({"name": label(name), "step_time": candidate.predicted_step_time,
@@ -135,8 +121,8 @@ def comparison_rows(graph: OpGraph, cluster: Cluster, batch: int | None = None, 
     rows.append({"name": "lower bound", "step_time": bound.seconds, "peak_memory": None, "plan": None})
     rows.append({"name": "bound over kerasflow's plans", "step_time": step_time_bound(graph, cluster, batch).seconds,
                  "peak_memory": None, "plan": None})
-    for name in excluded:
-        rows.append({"name": label(name), "step_time": None, "peak_memory": None, "plan": None, "fits": False})
+    for misfit in misfits:
+        rows.append({"name": label(misfit.name), "step_time": None, "peak_memory": None, "plan": None, "fits": False})
     return rows
 
 
@@ -176,14 +162,13 @@ def _largest_batches(graph: OpGraph, cluster: Cluster) -> dict[str, str]:
     from kerasflow.planner.search.maxbatch import max_batch
 
     found = {}
-    for strategy, row in (("data_parallel", "data-parallel"), ("layerwise_model_parallel", "layer-wise model-parallel"),
-                          ("tick_tock_data_parallel", "Tick-Tock data-parallel"),
-                          ("tick_tock_model_parallel", "Tick-Tock model-parallel")):
+    for strategy in ("data_parallel", "layerwise_model_parallel", "tick_tock_data_parallel",
+                     "tick_tock_model_parallel"):
         try:
             batch = max_batch(graph, cluster, strategy, largest=1 << 20).batch
-            found[row] = f">= {batch}" if batch >= 1 << 20 else str(batch)
+            found[label(strategy)] = f">= {batch}" if batch >= 1 << 20 else str(batch)
         except KerasflowError:
-            found[row] = "none"
+            found[label(strategy)] = "none"
     return found
 
 
@@ -205,8 +190,8 @@ def _simulate(args) -> int:
 def _plan(args) -> int:
     _check_outputs(args, "output", "trace")
     graph, cluster = _graph_and_cluster(args)
-    best = make_plan(graph, cluster, batch_size=args.batch_size, split=not args.no_split, tick_tock=args.tick_tock,
-                     memory_limit=args.memory_limit)
+    best = make_plan(PlanRequest(graph, cluster, batch_size=args.batch_size, split=not args.no_split,
+                                 tick_tock=args.tick_tock, memory_limit=args.memory_limit))
     best.save(args.output)
     best.summary(graph, cluster)
     print(f"Plan written to {args.output}.")

@@ -14,9 +14,9 @@ from kerasflow.planner.errors import KerasflowError
 from kerasflow.planner.ir.hardware import DEVICE_SPECS, GiB
 from kerasflow.planner.ir.machine import SharedCompute
 
-__all__ = ["virtual_cpus", "default_devices", "device_kind", "device_memory", "normalize_device", "task_of",
-           "device_type", "wait_for_devices", "LocalGPU", "describe_gpus", "local_gpus", "shared_cards",
-           "UNKNOWN_DEVICE_MEMORY"]
+__all__ = ["virtual_cpus", "default_devices", "device_kind", "device_memory", "normalize_device",
+           "canonical_device", "known_devices", "task_of", "device_type", "wait_for_devices", "LocalGPU",
+           "describe_gpus", "local_gpus", "shared_cards", "UNKNOWN_DEVICE_MEMORY"]
 
 _DEVICE = re.compile(r"device:([A-Za-z]+):(\d+)$", re.IGNORECASE)
 
@@ -36,6 +36,37 @@ def normalize_device(device: str) -> str:
     if match is None or (device.startswith("/job:") and not device.startswith("/job:localhost")):
         return device
     return f"/{match.group(1).upper()}:{match.group(2)}"
+
+
+def canonical_device(device: str) -> str:
+    """The one spelling of a device name kerasflow compares: a local device's short name with its
+    kind in capitals (``normalize_device``, and ``"/cpu:0"`` as ``"/CPU:0"``); a remote device
+    keeps its full name.
+
+    Example:
+        >>> canonical_device("/cpu:1"), canonical_device("/job:localhost/replica:0/task:0/device:GPU:0")
+        ('/CPU:1', '/GPU:0')
+        >>> canonical_device("/job:worker/replica:0/task:1/device:GPU:0")
+        '/job:worker/replica:0/task:1/device:GPU:0'
+    """
+    name = normalize_device(device)
+    if name.startswith("/") and ":" in name and "device:" not in name.lower():
+        kind, index = name[1:].split(":", 1)
+        return f"/{kind.upper()}:{index}"
+    return name
+
+
+def known_devices() -> set[str]:
+    """The devices TensorFlow has now (this process's, and every task's once connected), as
+    ``canonical_device`` spells them.
+
+    Example:
+        >>> "/CPU:0" in known_devices()
+        True
+    """
+    import tensorflow as tf
+
+    return {canonical_device(d.name) for d in tf.config.list_logical_devices()}
 
 
 def virtual_cpus(count: int = 4, *, intra_op_threads: int | None = None,

@@ -16,6 +16,19 @@ def test_compare_prints_every_strategy_and_the_plan(capsys):
         assert row in out
 
 
+def test_compare_names_the_candidates_left_out_by_their_labels():
+    from kerasflow.cli import comparison_rows
+    from kerasflow.planner import OpGraph
+
+    graph = synthetic.chain_mlp(layers=2)
+    refusing = OpGraph(graph.ops, graph.edges, batch_size=graph.batch_size,
+                       metadata={"refused_batch_sizes": [graph.batch_size // 2]})
+    rows = comparison_rows(refusing, Cluster.preset("4xV100-nvlink"))  # refused: no op splitting to search
+    left_out = [row["name"] for row in rows if row.get("fits") is False]
+    assert left_out == ["data-parallel", "op splitting", "Tick-Tock waves"]
+    assert all(row["step_time"] is None and row["plan"] is None for row in rows if row.get("fits") is False)
+
+
 def test_compare_a_profile_file_with_a_trace(tmp_path, capsys):
     profile = tmp_path / "profile.json"
     assert main(["synthetic", "inception", "-o", str(profile)]) == 0

@@ -5,8 +5,8 @@ import time
 
 import tensorflow as tf
 
-from kerasflow.devices import (UNKNOWN_DEVICE_MEMORY, describe_gpus, device_kind, device_memory, shared_cards,
-                               wait_for_devices)
+from kerasflow.devices import (UNKNOWN_DEVICE_MEMORY, canonical_device, describe_gpus, device_kind, device_memory,
+                               known_devices, shared_cards, wait_for_devices)
 from kerasflow.planner import Link
 from kerasflow.planner.ir.hardware import DEVICE_SPECS
 from kerasflow.planner.ir.machine import SharedCompute
@@ -81,3 +81,18 @@ def test_a_grace_hopper_card_is_an_h100_by_its_compute_capability_not_an_h200_by
                                                       "compute_capability": (9, 0)}, None)])
     assert (gpus[0].kind, gpus[0].memory) == ("H100", DEVICE_SPECS["H100"].memory)  # 480 GB counts the CPU's memory
     assert gpus[0].found.startswith("kind from its compute capability 9.0 ('NVIDIA GH200 480GB' is no preset's name)")
+
+
+def test_a_device_has_one_spelling_short_and_in_capitals_where_it_is_local():
+    assert [canonical_device(name) for name in ("/CPU:1", "/cpu:1", "/Cpu:1", "/device:CPU:1",
+                                                "/job:localhost/replica:0/task:0/device:cpu:1")] == ["/CPU:1"] * 5
+    assert canonical_device("/gpu:12") == "/GPU:12"
+    # Another task's device keeps its full name: it is that task's, not this process's.
+    remote = "/job:worker/replica:0/task:1/device:GPU:0"
+    assert canonical_device(remote) == remote
+
+
+def test_the_known_devices_are_tensorflows_in_that_spelling():
+    # The tests run on 4 logical CPUs (conftest.py).
+    assert {d for d in known_devices() if d.startswith("/CPU")} == {"/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3"}
+    assert all(canonical_device(d) == d for d in known_devices())

@@ -1,20 +1,16 @@
 """Consecutive fits through both doors leave nothing behind: no thread, no model, no profiler session, no file.
 
 The short version of ``benchmarks/soak.py`` (which also compares resident memory with plain Keras
-over 30 fits and 50 epochs): three fits through both doors, one with its plan forced slower
-(dropped) and one with a planner that fails (a fallback), then a planned fit of two epochs.
+over 30 fits and 50 epochs), on the same loop (``kerasflow.testing.soak``): three fits through
+both doors, one with its plan forced slower (dropped) and one with a planner that fails (a
+fallback), then a planned fit of two epochs.
 """
 
 import gc
-import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-import soak  # noqa: E402
+from kerasflow.testing import soak
 
 
 def test_the_schedule_takes_every_path_through_both_doors():

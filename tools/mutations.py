@@ -7,8 +7,8 @@ placement), ``planner.search.rerank`` (the runners-up after a measured plan), ``
 (keep the timed plan, try a runner-up, or drop it; with ``strategies.trial``'s one line that
 passes it no runner-up once ``fit`` has ended), ``strategies.options`` (the checked settings
 and their ``KERASFLOW_*`` variables) and ``strategies.scopes`` (a traced op's name without its
-wave and shard scopes); and two that check the equality tests' measured bounds
-(``tests/rounding.py``) are not too loose: a replica's gradients or a shard's statistics left out
+wave and shard scopes), ``strategies.driver_state`` (the driver's only transitions); and two that check the equality tests' measured bounds
+(``kerasflow/testing/rounding.py``) are not too loose: a replica's gradients or a shard's statistics left out
 of their sum must fail them; and ``profiling.xplane``'s reading of GPU profiles and the
 stopwatch's wait for the devices. Each mutation replaces one line in a temporary copy of the
 checkout and runs the tests it names (by default the planner's tests and doctests, which never
@@ -48,7 +48,9 @@ SIDE_BY_SIDE_TESTS = ("tests/strategies/test_side_by_side.py", "kerasflow/strate
 RERANK_TESTS = ("tests/planner/test_rerank.py", "kerasflow/planner/search/rerank.py")
 VERDICT_TESTS = ("tests/strategies/test_verdict.py", "kerasflow/strategies/verdict.py")
 OPTIONS_TESTS = ("tests/strategies/test_options.py", "kerasflow/strategies/options.py")
-# The equality tests' measured bounds (tests/rounding.py) must not be so loose that they hide a
+# The driver's states and the only transitions between them, on plain data.
+DRIVER_STATE_TESTS = ("tests/strategies/test_driver_state.py", "kerasflow/strategies/driver_state.py")
+# The equality tests' measured bounds (kerasflow/testing/rounding.py) must not be so loose that they hide a
 # lost share of a sum: the replicas' test and the split normalization's path.
 REPLICAS_TEST = ("tests/strategies/test_batchstats.py::test_replicas_train_as_one_device_does",)
 SPLIT_NORMALIZATION_TEST = (
@@ -106,7 +108,7 @@ MUTATIONS = [
     Mutation("ring reduce-scatter sends the wrong chunk", "kerasflow/planner/sim/ring.py",
              "RingSend(step, i, (i + 1) % parts, (i - step) % parts, True)",
              "RingSend(step, i, (i + 1) % parts, (i + step) % parts, True)"),
-    Mutation("simulated transfers ignore the link latency", "kerasflow/planner/sim/simulator.py",
+    Mutation("simulated transfers ignore the link latency", "kerasflow/planner/sim/eventloop.py",
              "arrival = begin + latency[src][dst] + nbytes * inverse_bw[src][dst]",
              "arrival = begin + nbytes * inverse_bw[src][dst]"),
     Mutation("memory headroom ignored", "kerasflow/planner/schedule/listschedule.py",
@@ -116,10 +118,10 @@ MUTATIONS = [
              "    if True:"),
     Mutation("the split search stops plans before they pass the time to beat", "kerasflow/planner/parallel/splitting.py",
              "plan = schedule(splits, to_beat)", "plan = schedule(splits, to_beat * 0.9)"),
-    Mutation("a simulation runs past its deadline", "kerasflow/planner/sim/simulator.py",
-             "        if now > deadline and not op_passed_a_copy:", "        if False:"),
-    Mutation("a run whose start order would not replay is stopped at the deadline", "kerasflow/planner/sim/simulator.py",
-             "        if now > deadline and not op_passed_a_copy:", "        if now > deadline:"),
+    Mutation("a simulation runs past its deadline", "kerasflow/planner/sim/eventloop.py",
+             "            if now > deadline and not self.op_passed_a_copy[0]:", "            if False:"),
+    Mutation("a run whose start order would not replay is stopped at the deadline", "kerasflow/planner/sim/eventloop.py",
+             "            if now > deadline and not self.op_passed_a_copy[0]:", "            if now > deadline:"),
     Mutation("a deadline leaves out the profile's step overhead", "kerasflow/planner/sim/simulator.py",
              "deadline=deadline - overhead)", "deadline=deadline)"),
     Mutation("wave gradients concatenated instead of summed", "kerasflow/planner/sim/taskgraph.py",
@@ -192,14 +194,35 @@ MUTATIONS = [
              '    "warmup_steps": _parse_int(2),', '    "warmup_steps": _parse_int(1),',
              OPTIONS_TESTS),
     Mutation("options read an environment variable over a given argument", "kerasflow/strategies/options.py",
-             "            value = settings.get(name)",
-             '            value = os.environ.get(f"KERASFLOW_{name.upper()}") or settings.get(name)',
+             "        value = settings.get(name)",
+             '        value = os.environ.get(f"KERASFLOW_{name.upper()}") or settings.get(name)',
              OPTIONS_TESTS),
     Mutation("options name the setting, not the environment variable its bad value came from",
              "kerasflow/strategies/options.py",
-             "                given[name] = parse(variable, os.environ[variable])",
-             "                given[name] = parse(name, os.environ[variable])",
+             "            given[name] = parse(variable, os.environ[variable])",
+             "            given[name] = parse(name, os.environ[variable])",
              OPTIONS_TESTS),
+    Mutation("options take max_split_evaluations=0", "kerasflow/strategies/options.py",
+             '    "max_split_evaluations": _parse_int(1),', '    "max_split_evaluations": _parse_int(0),',
+             OPTIONS_TESTS),
+    Mutation("options take a cluster without their devices", "kerasflow/strategies/options.py",
+             "        absent = [d for d in devices if cluster is not None and d not in cluster.device_names]",
+             "        absent = []", OPTIONS_TESTS + ("tests/strategies/test_driver.py::"
+                                                    "test_both_doors_make_the_same_checks_with_the_same_errors",)),
+    Mutation("options take a plan using other devices", "kerasflow/strategies/options.py",
+             "        unknown = sorted(set(plan.devices()) - set(self.devices))", "        unknown = []",
+             OPTIONS_TESTS + ("tests/strategies/test_driver.py::"
+                              "test_both_doors_make_the_same_checks_with_the_same_errors",)),
+    Mutation("options take options= and a keyword argument, the keyword lost", "kerasflow/strategies/options.py",
+             "    if given:\n        raise KerasflowError(", "    if False:\n        raise KerasflowError(",
+             OPTIONS_TESTS),
+    Mutation("the options' constructor takes any spelling a parser reads", "kerasflow/strategies/options.py",
+             "    if parsed != value or isinstance(parsed, bool) != isinstance(value, bool):",
+             "    if False:", OPTIONS_TESTS),
+    Mutation("options take devices as spelt, unchecked", "kerasflow/strategies/options.py",
+             "        devices = tuple(canonical_device(d) for d in (devices or default_devices()))\n"
+             "        _refuse_missing(door, devices)",
+             "        devices = tuple(devices or default_devices())", OPTIONS_TESTS),
     Mutation("options take booleans for replicated and tick_tock (True as on)", "kerasflow/strategies/options.py",
              "        text = raw.strip().lower() if isinstance(raw, str) else None",
              '        text = raw.strip().lower() if isinstance(raw, str) else {True: "on", False: "off"}.get(raw)',
@@ -207,8 +230,10 @@ MUTATIONS = [
     Mutation("options take an infinite or NaN memory_limit", "kerasflow/strategies/options.py",
              "    if not math.isfinite(value) or value <= 0:", "    if value <= 0:",
              OPTIONS_TESTS),
-    Mutation("tasks on shared compute run at full speed side by side", "kerasflow/planner/sim/sharedloop.py",
+    Mutation("tasks on shared compute run at full speed side by side", "kerasflow/planner/sim/sharedpools.py",
              "        speed = rate[p](len(tasks))", "        speed = 1.0"),
+    Mutation("a superseded end event on shared compute ends its task", "kerasflow/planner/sim/eventloop.py",
+             "                        if seq != latest[t]:", "                        if False:"),
     Mutation("replicas on shared compute are mirrored", "kerasflow/planner/sim/taskgraph.py",
              " and not self.cluster.shares_compute(names):", ":"),
     Mutation("the default placement is kept only within the tie margin", "kerasflow/planner/search/planning.py",
@@ -223,8 +248,8 @@ MUTATIONS = [
              "kerasflow/strategies/verdict.py",
              "    if not default or not plan.predicted_step_time or not kinds or not kinds <= set(gains):",
              "    if not default or not plan.predicted_step_time or not kinds:", VERDICT_TESTS),
-    Mutation("a priority run always claims its start order replays", "kerasflow/planner/sim/simulator.py",
-             "            elif copies_waiting[r]:", "            elif False:"),
+    Mutation("a priority run always claims its start order replays", "kerasflow/planner/sim/eventloop.py",
+             "                elif copies_waiting[r]:", "                elif False:"),
     Mutation("wave candidates are skipped below the fastest plan by their busiest device, not above",
              "kerasflow/planner/parallel/ticktock.py",
              "    return (busiest_device_seconds(graph, cluster, plan, batch) + overhead > seconds",
@@ -278,8 +303,14 @@ MUTATIONS = [
              "                 + _compat.metric_variables(model) + _compat.global_random_state())",
              "                 + _compat.metric_variables(model))", GLOBAL_SEED_TEST),
     Mutation("data parallelism is tried for a model that refused the half batch", "kerasflow/planner/search/planning.py",
-             '        fewer_rows = [c for c in candidates if c.startswith("data_parallel")]',
-             "        fewer_rows = []"),
+             "    fewer_rows = [name for name in names if REGISTRY[name].replicated]",
+             "    fewer_rows = []"),
+    Mutation("data parallelism inside one host is tried on one host", "kerasflow/planner/search/candidates.py",
+             "              replicated=True, applies=lambda r: len(r.cluster.hosts()) > 1),",
+             "              replicated=True),"),
+    Mutation("replicated=False still tries data parallelism", "kerasflow/planner/search/planning.py",
+             "                      and (request.replicated or not REGISTRY[name].replicated))",
+             "                      )"),
     Mutation("a GPU kernel's op stored as a reference is not read", "kerasflow/profiling/xplane.py",
              "            found[key] = texts.get(stat.ref_value, \"\")", "            pass", XPLANE_TESTS),
     Mutation("the profile viewer's derived lines are read too", "kerasflow/profiling/xplane.py",
@@ -296,6 +327,9 @@ MUTATIONS = [
     Mutation("a card's kind is read from any part of its name", "kerasflow/devices.py",
              '_KIND_IN_NAME = re.compile(r"\\b(H200|H100|A100|V100|K80)\\b")',
              '_KIND_IN_NAME = re.compile(r"(H200|H100|A100|V100|K80)")', ("tests/test_devices.py",)),
+    Mutation("a local device's kind keeps the user's case", "kerasflow/devices.py",
+             '        return f"/{kind.upper()}:{index}"', '        return f"/{kind}:{index}"',
+             ("tests/test_devices.py", "kerasflow/devices.py")),
     Mutation("the step's temporary memory is left on the devices' budgets", "kerasflow/planner/schedule/listschedule.py",
              "        budgets.append(max(memory * (1.0 - headroom) - reserved, 0.0))",
              "        budgets.append(max(memory * (1.0 - headroom), 0.0))"),
@@ -325,6 +359,10 @@ MUTATIONS = [
     Mutation("split='auto' never splits", "kerasflow/strategies/planning_in_fit.py",
              "    return options.split == \"on\" or not cluster.shares_compute(cluster.device_names)",
              "    return options.split == \"on\"", OPTIONS_TESTS),
+    Mutation("the default placement is not for good", "kerasflow/strategies/driver_state.py",
+             "    Default: frozenset(),", "    Default: frozenset({WarmingUp}),", DRIVER_STATE_TESTS),
+    Mutation("a settled plan goes back to its trial", "kerasflow/strategies/driver_state.py",
+             "    Planned: frozenset({Default}),", "    Planned: frozenset({Default, InTrial}),", DRIVER_STATE_TESTS),
 ]
 
 

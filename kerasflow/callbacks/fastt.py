@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import keras
 
 from kerasflow.planner import Cluster, Plan
-from kerasflow.planner.errors import KerasflowError
 from kerasflow.strategies.collaborators import Collaborators
 from kerasflow.strategies.driver import Driver
 from kerasflow.strategies.options import Options
@@ -35,12 +33,15 @@ class FastT(keras.callbacks.Callback):
 
     Args: as for ``FastTStrategy`` (``devices``, ``cluster``, ``plan``, ``warmup_steps``,
         ``profile_steps``, ``split``, ``tick_tock``, ``replicated``, ``memory_limit``, ``log_dir``,
-        ``verbose``, ``on_mismatch``, ``drop_slower_plan``, ``collaborators``). ``split="auto"``
+        ``verbose``, ``on_mismatch``, ``drop_slower_plan``, ``collaborators``, ``options``: an
+        ``Options`` in place of the settings' keyword arguments, not with them). ``split="auto"``
         (the default) splits layers where no two devices of the cluster share compute (GPUs,
-        several hosts, ``cpu-testbed:N``), not on the logical CPUs of one host.
+        several hosts, ``cpu-testbed:N``), not on the logical CPUs of one host. The strategy's
+        checks, made by the same ``Options.from_arguments``, with the same errors.
 
     Raises:
-        KerasflowError: a device that does not exist, or a bad option.
+        KerasflowError: a device that does not exist, a cluster without the devices, a plan
+            using other devices, a bad option, or ``options=`` with one of its keyword arguments.
 
     Example:
         >>> import keras, numpy as np, kerasflow
@@ -59,25 +60,13 @@ class FastT(keras.callbacks.Callback):
                  split: str | bool | None = None, tick_tock: str | None = None, replicated: str | None = None,
                  memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None,
                  on_mismatch: str | None = None, drop_slower_plan: bool | None = None,
-                 collaborators: Collaborators | None = None):
+                 collaborators: Collaborators | None = None, options: Options | None = None):
         super().__init__()
-        from kerasflow.devices import default_devices
-        from kerasflow.strategies.fastt_strategy import _canonical, _known_devices
-
-        devices = [_canonical(d) for d in (devices or default_devices())]
-        missing = [d for d in devices if d not in _known_devices()]
-        if missing:
-            raise KerasflowError(f"FastT got device(s) {missing} that do not exist; TensorFlow has "
-                                 f"{sorted(_known_devices())}. Call kerasflow.devices.virtual_cpus(4) before "
-                                 "TensorFlow starts, or pass devices= with existing ones.")
-        if isinstance(plan, (str, os.PathLike)):
-            plan = Plan.load(plan)
-        if isinstance(cluster, str):
-            cluster = Cluster.resolve(cluster)
-        self.options = Options.build(devices, cluster=cluster, plan=plan, warmup_steps=warmup_steps,
-                                     profile_steps=profile_steps, split=split, tick_tock=tick_tock,
-                                     replicated=replicated, memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
-                                     on_mismatch=on_mismatch, drop_slower_plan=drop_slower_plan)
+        self.options = Options.from_arguments(
+            door="FastT", options=options, devices=devices, cluster=cluster, plan=plan, warmup_steps=warmup_steps,
+            profile_steps=profile_steps, split=split, tick_tock=tick_tock, replicated=replicated,
+            memory_limit=memory_limit, log_dir=log_dir, verbose=verbose, on_mismatch=on_mismatch,
+            drop_slower_plan=drop_slower_plan)
         self.collaborators = collaborators or Collaborators()
         self.driver = Driver(self.options, collaborators=self.collaborators, keeps_xla=True)
 
@@ -109,17 +98,11 @@ class FastT(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if len(self.options.devices) < 2:
             return
-        driver = self.driver
-        if driver.model is not None and driver.model is not self.model:
-            driver.detach()  # the callback was given to another model's fit
-            self.driver = driver = Driver(self.options, collaborators=self.collaborators, keeps_xla=True)
-        try:
-            if driver.model is None:
-                driver.step = 0
-                driver.attach(self.model, verbose=(self.params or {}).get("verbose"))
-            driver.begin_fit()
+        try:  # a later fit of the same model keeps its plan; another model's fit is driven afresh
+            self.driver.attach(self.model, verbose=(self.params or {}).get("verbose"))
+            self.driver.begin_fit()
         except Exception as error:  # noqa: BLE001 - never lose the user's training
-            driver.fail("attaching", error)
+            self.driver.fail("attaching", error)
 
     def on_train_batch_begin(self, batch, logs=None):
         self.driver.before_step()

@@ -11,8 +11,8 @@ only from its own floor and those below (``tests/planner/test_floors.py`` enforc
 3. ``schedule``: list scheduling: ranks, HEFT, CPOP.
 4. ``parallel``: the parallel forms: baselines (data parallelism among them), Tick-Tock
    waves and pipelines, one-copy data parallelism, critical-path splits.
-5. ``search``: choosing among them: ``plan``/``ranked_plans``, the largest batch, bounds,
-   re-ranking by measurement.
+5. ``search``: choosing among them: ``plan``/``ranked_plans`` of a ``PlanRequest``, the
+   largest batch, bounds, re-ranking by measurement.
 
 Beneath them, shared by all: ``errors``, ``_jsonio``, ``_gc``. One lazy import runs up: a
 ``Plan``'s ``validate`` and ``summary`` simulate it (``ir`` reaching ``sim``), at call time.
@@ -25,17 +25,8 @@ Example:
     True
 """
 
-from .errors import (
-    ClusterConnectionError,
-    FileFormatError,
-    InvalidClusterError,
-    InvalidGraphError,
-    InsufficientMemoryError,
-    InvalidPlanError,
-    ProfilingError,
-    KerasflowError,
-    SimulationError,
-)
+from . import errors
+from .errors import *  # noqa: F403 - the error classes, listed once: errors.__all__
 from .ir import costmodel, hardware, synthetic
 from .ir.cluster import Cluster, Device, Link
 from .ir.graph import PHASES, Affine, Edge, Op, OpGraph
@@ -47,7 +38,9 @@ from .parallel import baselines
 from .parallel.baselines import data_parallel, layerwise_model_parallel, single_device
 from .parallel.onecopy import one_copy_data_parallel
 from .search.bounds import LowerBound, StepTimeBound, lower_bound, step_time_bound
+from .search.candidates import Misfit
 from .search.planning import plan, ranked_plans
+from .search.request import PlanRequest
 from .search.rerank import rerank
 
 __all__ = [
@@ -55,11 +48,9 @@ __all__ = [
     "Device", "Link", "Cluster",
     "Shard", "Waves", "DataParallel", "Plan",
     "simulate", "SimulationResult", "Transfer", "Collective",
-    "plan", "ranked_plans", "rerank", "heft", "cpop",
+    "plan", "ranked_plans", "PlanRequest", "Misfit", "rerank", "heft", "cpop",
     "single_device", "data_parallel", "one_copy_data_parallel", "layerwise_model_parallel", "lower_bound", "LowerBound",
     "step_time_bound", "StepTimeBound",
-    "KerasflowError", "InvalidGraphError", "InvalidClusterError", "InvalidPlanError",
-    "FileFormatError", "SimulationError", "InsufficientMemoryError", "ProfilingError",
-    "ClusterConnectionError",
+    *errors.__all__,
     "baselines", "costmodel", "hardware", "synthetic",
 ]

@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = [
-    "ClusterConnectionError",
-    "KerasflowError",
-    "InvalidGraphError",
-    "InvalidClusterError",
-    "InvalidPlanError",
-    "FileFormatError",
-    "SimulationError",
-    "InsufficientMemoryError",
-    "ProfilingError",
-]
+# The one list of the error classes: ``kerasflow`` and ``kerasflow.planner`` export these.
+__all__ = ["KerasflowError", "InvalidGraphError", "InvalidClusterError", "InvalidPlanError", "FileFormatError",
+           "SimulationError", "InsufficientMemoryError", "ProfilingError", "ClusterConnectionError"]
 
 
 class KerasflowError(ValueError):

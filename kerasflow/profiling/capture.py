@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from kerasflow import _compat
 from kerasflow.planner.ir.graphtables import FUSED_GROUP, WEIGHT_READING_LOOPS, is_loss_op
-from kerasflow.profiling.splittable import is_splittable
+from kerasflow.profiling.splittable import is_splittable, losses_combine_by_share
 
 __all__ = ["CapturedStep", "CapturedOp", "capture_step", "batch_spec", "last_op_id"]
 
@@ -225,7 +225,7 @@ def capture_step(model, batch) -> CapturedStep:
     group_layer = _colocate(captured, operations, _variable_groups(model, graph), layer_of_id)
     _assign_phases(captured, group_layer, tuple(name + "/" for name in _compat.optimizer_names(model)))
     _layers_of_updates(captured, group_layer)
-    _batch_axes(captured, layer_objects, _compat.loss_combines_by_share(model, any(masked_loss)))
+    _batch_axes(captured, layer_objects, losses_combine_by_share(_compat.compiled_losses(model), any(masked_loss)))
     _fusion_groups(captured)
     return CapturedStep(captured, concrete, batch_size, synchronized)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["SPLITTABLE_LAYERS", "NOT_SPLITTABLE_LAYERS", "is_splittable", "ATTRIBUTE", "SPLITTABLE_LOSSES",
-           "MEAN_REDUCTIONS", "is_splittable_loss"]
+           "MEAN_REDUCTIONS", "is_splittable_loss", "losses_combine_by_share"]
 
 ATTRIBUTE = "kerasflow_splittable"
 
@@ -105,3 +105,22 @@ def is_splittable_loss(loss: Any) -> bool:
         return bool(flag)
     return getattr(function, "__name__", None) in SPLITTABLE_LOSSES and getattr(function, "__module__", "").startswith(
         "keras.")
+
+
+def losses_combine_by_share(losses: list, masked: bool) -> bool:
+    """Whether shards of the batch, each computing the compiled loss of its rows, give the whole
+    batch's loss when weighted by their share of it: there are ``losses`` (the compiled loss'
+    objects, ``_compat.compiled_losses``), every one ``is_splittable_loss`` accepts, and
+    (``masked``) no prediction they score carries a mask (a masked mean divides by the unmasked
+    entries of the whole batch).
+
+    Example:
+        >>> import keras
+        >>> losses_combine_by_share([keras.losses.MeanSquaredError()], masked=False)
+        True
+        >>> losses_combine_by_share([keras.losses.MeanSquaredError()], masked=True)
+        False
+        >>> losses_combine_by_share([], masked=False)  # none could be read
+        False
+    """
+    return bool(losses) and not masked and all(is_splittable_loss(loss) for loss in losses)

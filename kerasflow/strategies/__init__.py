@@ -10,10 +10,9 @@ batch), ``trial`` (the plan timed beside the default placement; its rule in ``ve
 copied variables); ``readback``, ``reporting`` and ``plan_report`` say what happened.
 """
 
-from kerasflow.strategies.collaborators import Collaborators, ScriptedStopwatch
+from kerasflow.strategies.collaborators import Collaborators
 from kerasflow.strategies.fastt_strategy import FastTStrategy
 from kerasflow.strategies.plan_report import PlanReport
 from kerasflow.strategies.readback import PlacementMismatch, PlacementReport
 
-__all__ = ["FastTStrategy", "Collaborators", "ScriptedStopwatch", "PlanReport", "PlacementMismatch",
-           "PlacementReport"]
+__all__ = ["FastTStrategy", "Collaborators", "PlanReport", "PlacementMismatch", "PlacementReport"]

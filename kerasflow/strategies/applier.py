@@ -61,7 +61,7 @@ class PlanApplier:
     """
 
     def __init__(self, plan: Plan, graph: OpGraph | None, devices: list[str]):
-        self.plan = plan
+        self._plan = plan  # its own reading only: the plan in force is read from the driver's ``InForce``
         self.devices = list(devices)
         self.layer_of: dict[str, str] = {}
         self.scope_layer: dict[str, str | None] = {}
@@ -105,6 +105,7 @@ class PlanApplier:
                 input_sums.setdefault(layer, []).append(name)
         self.input_gradient_sum = {layer: names[0] for layer, names in input_sums.items() if len(names) == 1}
         self.traced_copies: dict[str, tuple[str, int, int]] = {}  # the last trace's sums: name -> copy
+        self.traced_types: dict[str, str] = {}  # the last trace's ops: name -> type
         self.last_report = ApplyReport()
         self.tensor_bytes: dict[str, float | None] = {}  # "<op>:<i>" -> bytes, from the last trace
         self.skip_order = False  # set when TensorFlow refused the ordered step
@@ -152,7 +153,7 @@ class PlanApplier:
     def device_for(self, name: str, op_type: str | None = None) -> tuple[str | None, bool]:
         """The planned device of op ``name`` (of ``op_type`` when known), and whether it came
         from the layer fallback (also taken for a same-named op of another type)."""
-        plan = self.plan
+        plan = self._plan
         if plan.data_parallel is not None:
             replica = replica_of(name)
             return (plan.data_parallel.devices[replica] if 0 <= replica < len(plan.data_parallel.devices)
@@ -200,7 +201,7 @@ class PlanApplier:
         return self._device_of_copy(best if best is not None else base, wave, shard, None)[0]
 
     def _device_of_copy(self, base: str, wave: int, shard: int, op_type: str | None) -> tuple[str | None, bool]:
-        plan = self.plan
+        plan = self._plan
         named = base in plan.placement and self.is_planned_op(base, op_type)
         device = None
         by_layer = False
@@ -224,6 +225,7 @@ class PlanApplier:
         """
         report = ApplyReport()
         by_name = {op.name: op for op in ops}
+        self.traced_types = {op.name: op.type for op in ops}
         self.traced_copies = {}
         for op in ops:
             self._find_sum(op, by_name)
@@ -241,8 +243,8 @@ class PlanApplier:
                 # A resource passed through the step (a loop variable): the plan's device when
                 # it names the op (its variable's group); anything else (an iterator, a
                 # TensorArray) stays where TensorFlow puts it.
-                if op.name in self.plan.placement:
-                    op._set_device(self.plan.placement[op.name])
+                if op.name in self._plan.placement:
+                    op._set_device(self._plan.placement[op.name])
                     report.placed += 1
                 continue
             if _colocation_target(op) is not None:
@@ -259,7 +261,7 @@ class PlanApplier:
                     report.placed += 1
                 continue
             device, by_layer = self.device_for(op.name, op.type)
-            if device is None and self.plan.data_parallel is not None and op.device:
+            if device is None and self._plan.data_parallel is not None and op.device:
                 report.placed += 1  # the all-reduces and the batch's shares: placed where the step made them
                 continue
             if device is None:
@@ -319,9 +321,9 @@ class PlanApplier:
             report.placed += 1 + len(others)
 
     def _order(self, ops, by_name, report: ApplyReport) -> None:
-        if not self.plan.order or self.skip_order:
+        if not self._plan.order or self.skip_order:
             return
-        if self.plan.data_parallel is not None:
+        if self._plan.data_parallel is not None:
             report.order_skipped = "a data-parallel plan's order is not applied: each replica runs in data-flow order"
             return
         keyed: dict[tuple[str, int, int], tf.Operation] = {}
@@ -330,7 +332,7 @@ class PlanApplier:
             keyed.setdefault((base, wave, -1 if base in self.runs_once else shard), op)
         folded = _folded_before_running(ops)
         chains = []
-        for names in self.plan.order.values():
+        for names in self._plan.order.values():
             # A fused chain's ops run in data-flow order: a control edge between them, or an op
             # ordered in between, keeps TensorFlow from fusing them, and the unfused kernels
             # cost a launch and round otherwise (graphtables.FUSED_GROUP).

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import os
+import functools
 import weakref
 from typing import Any
 
@@ -13,6 +12,7 @@ from tensorflow.python.distribute import one_device_strategy
 from tensorflow.python.framework import ops
 
 from kerasflow import _compat
+from kerasflow.devices import canonical_device
 from kerasflow.planner import Cluster, Plan
 from kerasflow.planner.errors import KerasflowError
 from kerasflow.profiling.links import planning_cluster
@@ -130,10 +130,17 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             exits with code 75 (``multihost.TaskWatch``); ``"wait"`` leaves TensorFlow waiting.
         collaborators: the profiler, planner and stopwatch used inside ``fit``
             (``kerasflow.strategies.Collaborators``; default kerasflow's own): a custom planner,
-            or a ``ScriptedStopwatch`` that forces the trial's verdict in tests.
+            or a ``kerasflow.testing.ScriptedStopwatch`` that forces the trial's verdict in tests.
+        options: the settings from ``devices`` to ``drop_slower_plan`` as one
+            ``kerasflow.strategies.options.Options`` (``Options.from_arguments``, or the
+            ``options`` of another strategy or callback; ``dataclasses.replace`` changes one),
+            in place of those keyword arguments: pass either, not both. Its settings are taken
+            as they are (no ``KERASFLOW_*`` variable is read); its devices, cluster and plan are
+            checked as the arguments are.
 
     Raises:
-        KerasflowError: a device that does not exist, or bad options.
+        KerasflowError: a device that does not exist, a cluster without the devices, a plan
+            using other devices, bad options, or ``options=`` with one of its keyword arguments.
         ClusterConnectionError: a task of the cluster is unreachable.
 
     Example:
@@ -156,52 +163,22 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
                  on_mismatch: str | None = None,
                  drop_slower_plan: bool | None = None, cluster_resolver: Any = None, inter_host_link: Any = "measure",
                  connect_timeout: float = 30.0, on_lost_task: str = "exit",
-                 collaborators: Collaborators | None = None):
-        from kerasflow import multihost
-        from kerasflow.devices import default_devices
-
-        settings = dict(warmup_steps=warmup_steps, profile_steps=profile_steps, split=split, tick_tock=tick_tock,
-                        replicated=replicated, memory_limit=memory_limit, log_dir=log_dir, verbose=verbose, on_mismatch=on_mismatch,
-                        drop_slower_plan=drop_slower_plan)
-        Options.build([], **settings)  # every setting checked before anything connects
+                 collaborators: Collaborators | None = None, options: Options | None = None):
         if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)) or not (
                 0 < connect_timeout < float("inf")):
             raise KerasflowError(f"connect_timeout must be a positive number of seconds. Received: "
                                  f"connect_timeout={connect_timeout!r}")
         if on_lost_task not in ("exit", "wait"):
             raise KerasflowError(f"on_lost_task must be 'exit' or 'wait'. Received: on_lost_task={on_lost_task!r}")
-        resolver = cluster_resolver if cluster_resolver is not None else multihost.resolver_from_environment()
-        if resolver is not None:
-            cluster_devices = multihost.connect(resolver, timeout=connect_timeout)
-            if on_lost_task == "exit":
-                multihost.TaskWatch(multihost.other_tasks(resolver), patience=connect_timeout).start()
-            devices = devices or cluster_devices
-            if cluster is None:
-                cluster = multihost.multihost_cluster([_canonical(d) for d in devices],
-                                                      inter_host_link=inter_host_link)
-        devices = [_canonical(d) for d in (devices or default_devices())]
-        known = _known_devices()
-        missing = [d for d in devices if d not in known]
-        if missing:
-            raise KerasflowError(
-                f"FastTStrategy got device(s) {missing} that do not exist; TensorFlow has {sorted(known)}. "
-                "Call kerasflow.devices.virtual_cpus(4) before TensorFlow starts for logical CPUs, or pass "
-                "devices= with existing ones.")
-        if isinstance(plan, (str, os.PathLike)):
-            plan = Plan.load(plan)
-        if isinstance(cluster, str):
-            cluster = Cluster.resolve(cluster)
-        if cluster is not None:
-            absent = [d for d in devices if d not in cluster.device_names]
-            if absent:
-                raise KerasflowError(f"The cluster {cluster.name!r} has no device(s) {absent}; its devices are "
-                                     f"{cluster.device_names}.")
-        if plan is not None:
-            unknown = sorted(set(plan.devices()) - set(devices))
-            if unknown:
-                raise KerasflowError(f"The plan uses device(s) {unknown} that this strategy does not have "
-                                     f"({devices}). Replan for these devices.")
-        self._options = Options.build(devices, cluster=cluster, plan=plan, **settings)
+        # Every setting is checked before join connects to anything.
+        join = functools.partial(_joined, resolver=cluster_resolver, inter_host_link=inter_host_link,
+                                 connect_timeout=connect_timeout, on_lost_task=on_lost_task)
+        self._options = Options.from_arguments(
+            door="FastTStrategy", options=options, join=join, devices=devices, cluster=cluster, plan=plan,
+            warmup_steps=warmup_steps, profile_steps=profile_steps, split=split, tick_tock=tick_tock,
+            replicated=replicated, memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
+            on_mismatch=on_mismatch, drop_slower_plan=drop_slower_plan)
+        devices = self._options.devices
         self._collaborators = collaborators or Collaborators()
         if len(devices) == 1:
             import warnings
@@ -312,13 +289,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         Raises:
             KerasflowError: the plan uses devices this strategy does not have.
         """
-        if isinstance(plan, (str, os.PathLike)):
-            plan = Plan.load(plan)
-        unknown = sorted(set(plan.devices()) - set(self._options.devices))
-        if unknown:
-            raise KerasflowError(f"The plan uses device(s) {unknown} that this strategy does not have "
-                                 f"({self._options.devices}). Replan for these devices.")
-        self._options = dataclasses.replace(self._options, plan=plan)
+        self._options = self._options.with_plan(plan, door="FastTStrategy")
         for model in self._models():
             model.__dict__[_DRIVER].detach()
             _compat.override(model, _DRIVER, None)
@@ -410,15 +381,19 @@ def _wrap_train_function(model, driver: Driver) -> None:
     _compat.override(model, "train_function", wrap(model.train_function))
 
 
-def _canonical(device: str) -> str:
-    from kerasflow.devices import normalize_device
+def _joined(devices, cluster, *, resolver, inter_host_link, connect_timeout: float, on_lost_task: str):
+    """The devices and cluster to plan over: on several machines (``resolver``, default ``TF_CONFIG``'s)
+    connects to every task and watches it, and plans over every task's devices (unless ``devices``
+    names some) on the two-level cluster (unless ``cluster`` is given); else as asked."""
+    from kerasflow import multihost
 
-    name = normalize_device(device)
-    if name.startswith("/") and ":" in name and "device:" not in name.lower():
-        kind, index = name[1:].split(":", 1)
-        return f"/{kind.upper()}:{index}"
-    return name
-
-
-def _known_devices() -> set[str]:
-    return {_canonical(d.name) for d in tf.config.list_logical_devices()}
+    resolver = resolver if resolver is not None else multihost.resolver_from_environment()
+    if resolver is None:
+        return devices, cluster
+    cluster_devices = multihost.connect(resolver, timeout=connect_timeout)
+    if on_lost_task == "exit":
+        multihost.TaskWatch(multihost.other_tasks(resolver), patience=connect_timeout).start()
+    devices = devices or cluster_devices
+    if cluster is None:
+        cluster = multihost.multihost_cluster([canonical_device(d) for d in devices], inter_host_link=inter_host_link)
+    return devices, cluster

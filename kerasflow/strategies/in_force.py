@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import tensorflow as tf
+
 from kerasflow import _compat
 from kerasflow.planner import OpGraph, Plan
 from kerasflow.planner.errors import KerasflowError
@@ -19,7 +21,8 @@ __all__ = ["InForce"]
 @dataclasses.dataclass(frozen=True)
 class InForce:
     """The plan in force and what runs it: the applier, for data parallelism the replicas, and
-    what does the call in which the data runs out.
+    what does the call in which the data runs out. The plan's one home while it is in force: the
+    driver, the plan-applying step and the read-back take it from here.
 
     Attributes:
         plan: the plan.
@@ -52,3 +55,11 @@ class InForce:
             with _compat.strategy_scope(model):
                 replicas = Replicas(model, list(plan.data_parallel.devices), creating=creating)
         return cls(plan, PlanApplier(plan, graph, list(devices)), replicas, OutOfData(model, unplanned, replicas))
+
+    def run(self, planned: Callable, iterator):
+        """One call of ``planned`` (the train function traced with the plan); the call in which the
+        data runs out does what plain Keras' does (``OutOfData``)."""
+        try:
+            return planned(iterator)
+        except tf.errors.OutOfRangeError:  # the planned step changed nothing (it waits for the batch)
+            return self.out_of_data.run(iterator)

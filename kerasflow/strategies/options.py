@@ -1,9 +1,10 @@
 """How kerasflow plans inside ``fit``: one frozen ``Options``, from arguments, then ``KERASFLOW_*`` variables.
 
-Every value is checked here, where it enters, so a bad one is an error when the strategy
-or callback is made, never a failure at step 4. Knobs come in two styles only: a yes/no
-setting is a boolean (``drop_slower_plan``), a setting with more choices is one of its
-lowercase names (``split``, ``tick_tock``, ``replicated``: ``"auto"``, ``"on"`` or ``"off"``;
+Both doors (the strategy and the callback) hand their arguments to ``Options.from_arguments``,
+which parses each setting once and makes every check of devices, cluster and plan, so a bad value
+is the same error through either door when it is made, never a failure at step 4. Knobs come in
+two styles only: a yes/no setting is a boolean (``drop_slower_plan``), a setting with more
+choices is one of its lowercase names (``split``, ``tick_tock``, ``replicated``: ``"auto"``, ``"on"`` or ``"off"``;
 ``on_mismatch``: ``"error"`` or ``"replan"``). ``split`` was a boolean before it had
 ``"auto"``, so it still takes one (or its words), as ``"on"`` or ``"off"``.
 """
@@ -13,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any
+from typing import Any, Callable, Sequence
 
+from kerasflow.devices import canonical_device, default_devices, known_devices
 from kerasflow.planner import Cluster, Plan
 from kerasflow.planner.errors import KerasflowError
 
@@ -117,12 +119,18 @@ _PARSERS = {
     "verbose": _parse_verbose,
     "on_mismatch": _parse_choice(("error", "replan")),
     "drop_slower_plan": parse_bool,
+    # A split search tries one plan at least; split="off" is how to try none.
+    "max_split_evaluations": _parse_int(1),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
     """How kerasflow plans inside ``fit``, checked and frozen (see ``FastTStrategy`` for each).
+
+    ``Options.from_arguments`` makes them from what a user types (both doors call it); the
+    constructor, and ``dataclasses.replace``, take each setting already parsed (``split="on"``,
+    not True) and refuse anything else.
 
     Attributes:
         devices: the devices planned over.
@@ -139,16 +147,19 @@ class Options:
         verbose: ``"auto"``, 0, 1 or 2.
         on_mismatch: ``"error"`` or ``"replan"`` for a given plan made for another model.
         drop_slower_plan: whether a plan measured slower than the default placement gives way.
-        max_split_evaluations: how many split candidates the planner simulates.
+        max_split_evaluations: how many split candidates the planner simulates (>= 1).
 
     Environment: ``KERASFLOW_WARMUP_STEPS``, ``KERASFLOW_PROFILE_STEPS``, ``KERASFLOW_SPLIT``,
     ``KERASFLOW_TICK_TOCK``, ``KERASFLOW_REPLICATED``, ``KERASFLOW_MEMORY_LIMIT``,
     ``KERASFLOW_LOG_DIR``, ``KERASFLOW_VERBOSE``, ``KERASFLOW_ON_MISMATCH``,
-    ``KERASFLOW_DROP_SLOWER_PLAN``, used by ``build`` for any argument left at None.
+    ``KERASFLOW_DROP_SLOWER_PLAN``, ``KERASFLOW_MAX_SPLIT_EVALUATIONS``, read by
+    ``from_arguments`` for any setting left at None.
 
     Example:
-        >>> Options.build(["/CPU:0", "/CPU:1"], split=False, tick_tock="on").split
+        >>> Options.from_arguments(devices=["/CPU:0", "/CPU:1"], split=False, tick_tock="on").split
         'off'
+        >>> Options(devices=("/CPU:0", "/CPU:1"), split="on").split
+        'on'
     """
 
     devices: tuple[str, ...]
@@ -169,29 +180,134 @@ class Options:
     max_split_evaluations: int = 16
 
     def __post_init__(self):
+        # Checked, never converted: from_arguments parsed each setting once, and a value given
+        # here (or to dataclasses.replace) must already be what its parser makes of it.
         object.__setattr__(self, "devices", tuple(self.devices))
         for name, parse in _PARSERS.items():
-            object.__setattr__(self, name, parse(name, getattr(self, name)))
+            _check_parsed(name, parse, getattr(self, name))
 
     @classmethod
-    def build(cls, devices, **settings) -> "Options":
-        """Options from keyword arguments; one left at None takes ``KERASFLOW_<NAME>``, then the default.
+    def from_arguments(cls, *, door: str = "Options", options: "Options | None" = None,
+                       join: Callable[[Any, Any], tuple[Any, Any]] | None = None,
+                       devices: Sequence[str] | None = None, cluster: Cluster | str | None = None,
+                       plan: Plan | str | os.PathLike | None = None, **settings) -> "Options":
+        """The options of a door's arguments, every one checked: what both doors call.
+
+        Args:
+            door: who asks (``"FastTStrategy"``, ``"FastT"``), named in the errors.
+            options: ``Options`` made beforehand, in place of every other argument but ``join``
+                (their devices, cluster and plan checked as arguments are).
+            join: the strategy's several machines: called once the settings are parsed, with the
+                devices and cluster asked for, it connects and returns those to plan over
+                (every task's devices, the two-level cluster).
+            devices: the devices to plan over, in any spelling ``canonical_device`` reads
+                (default: ``kerasflow.devices.default_devices()``).
+            cluster: a ``Cluster``, a preset name or a cluster file (``Cluster.resolve``).
+            plan: a ``Plan`` or a plan file's path (``with_plan``).
+            **settings: the other attributes, as a user spells them (``split=True``,
+                ``warmup_steps="4"``); one left at None takes ``KERASFLOW_<NAME>``, then the default.
 
         Raises:
-            KerasflowError: a value of the wrong kind or out of range, naming the setting (or
-                the environment variable it came from).
+            KerasflowError: an unknown setting; a value of the wrong kind or out of range,
+                naming the setting (or the variable it came from); a device that does not exist;
+                a cluster without the devices; a plan using other devices; ``options=`` with a
+                keyword argument.
+
+        Example:
+            >>> options = Options.from_arguments(devices=["/cpu:0", "/CPU:1"], cluster="cpu-testbed:2",
+            ...                                  warmup_steps="4")
+            >>> options.devices, options.cluster.name, options.warmup_steps
+            (('/CPU:0', '/CPU:1'), 'cpu-testbed:2', 4)
+            >>> Options.from_arguments(options=options) == options
+            True
         """
-        unknown = sorted(set(settings) - set(_PARSERS) - {"cluster", "plan"})
+        _refuse_unknown(settings)
+        if options is not None:
+            _refuse_both(door, {"devices": devices, "cluster": cluster, "plan": plan, **settings})
+            devices, cluster, plan = options.devices, options.cluster, options.plan
+            settings = {name: getattr(options, name) for name in _PARSERS}
+        else:
+            settings = _parsed(settings)
+        if join is not None:
+            devices, cluster = join(devices, cluster)
+        devices = tuple(canonical_device(d) for d in (devices or default_devices()))
+        _refuse_missing(door, devices)
+        cluster = None if cluster is None else Cluster.resolve(cluster)
+        absent = [d for d in devices if cluster is not None and d not in cluster.device_names]
+        if absent:
+            raise KerasflowError(f"The cluster {cluster.name!r} has no device(s) {absent}; its devices are "
+                                 f"{cluster.device_names}.")
+        made = cls(devices=devices, cluster=cluster, **settings)
+        return made if plan is None else made.with_plan(plan, door=door)
+
+    def with_plan(self, plan: Plan | str | os.PathLike, *, door: str = "Options") -> "Options":
+        """These options with ``plan``, which may use only their devices.
+
+        Args:
+            plan: a ``Plan`` or a plan file's path.
+            door: who asks, named in the error.
+
+        Raises:
+            KerasflowError: the plan uses a device these options do not have.
+
+        Example:
+            >>> options = Options(devices=("/CPU:0", "/CPU:1"))
+            >>> options.with_plan(Plan(placement={"dense": "/CPU:1"}, algorithm="given")).plan.devices()
+            ['/CPU:1']
+        """
+        if isinstance(plan, (str, os.PathLike)):
+            plan = Plan.load(plan)
+        unknown = sorted(set(plan.devices()) - set(self.devices))
         if unknown:
-            raise KerasflowError(f"Unknown kerasflow setting(s) {unknown}. Received: {unknown[0]}="
-                                 f"{settings[unknown[0]]!r}")
-        given = {}
-        for name, parse in _PARSERS.items():
-            value = settings.get(name)
-            if value is not None:
-                given[name] = parse(name, value)
-                continue
-            variable = f"KERASFLOW_{name.upper()}"
-            if os.environ.get(variable, "") != "":
-                given[name] = parse(variable, os.environ[variable])
-        return cls(devices=tuple(devices), cluster=settings.get("cluster"), plan=settings.get("plan"), **given)
+            raise KerasflowError(f"The plan uses device(s) {unknown} that {door} does not have "
+                                 f"({list(self.devices)}). Replan for these devices.")
+        return dataclasses.replace(self, plan=plan)
+
+
+def _check_parsed(name: str, parse: Callable[[str, Any], Any], value: Any) -> None:
+    parsed = parse(name, value)  # a value no spelling of which is right is refused as the doors refuse it
+    # True == 1: a bool where a number is meant (or a number for a bool) is another spelling too.
+    if parsed != value or isinstance(parsed, bool) != isinstance(value, bool):
+        raise KerasflowError(f"Options takes {name} parsed, as {parsed!r}; Options.from_arguments (and the "
+                             f"strategy and callback) read its other spellings. Received: {name}={value!r}")
+
+
+def _refuse_unknown(settings: dict[str, Any]) -> None:
+    unknown = sorted(set(settings) - set(_PARSERS))
+    if unknown:
+        raise KerasflowError(f"Unknown kerasflow setting(s) {unknown}. Received: {unknown[0]}="
+                             f"{settings[unknown[0]]!r}")
+
+
+def _refuse_both(door: str, arguments: dict[str, Any]) -> None:
+    given = [name for name, value in arguments.items() if value is not None]
+    if given:
+        raise KerasflowError(
+            f"{door} got options= and the keyword argument(s) {given}: pass either options= or the keyword "
+            f"arguments (dataclasses.replace(options, {given[0]}=...) changes one of its settings). Received: "
+            f"{given[0]}={arguments[given[0]]!r}")
+
+
+def _refuse_missing(door: str, devices: Sequence[str]) -> None:
+    known = known_devices()
+    missing = [d for d in devices if d not in known]
+    if missing:
+        raise KerasflowError(
+            f"{door} got device(s) {missing} that do not exist; TensorFlow has {sorted(known)}. "
+            "Call kerasflow.devices.virtual_cpus(4) before TensorFlow starts for logical CPUs, or pass "
+            "devices= with existing ones.")
+
+
+def _parsed(settings: dict[str, Any]) -> dict[str, Any]:
+    """Each setting given, else its ``KERASFLOW_<NAME>`` variable's, parsed once (and named as it
+    came, for the error); one set by neither is left out, to take its default."""
+    given = {}
+    for name, parse in _PARSERS.items():
+        value = settings.get(name)
+        if value is not None:
+            given[name] = parse(name, value)
+            continue
+        variable = f"KERASFLOW_{name.upper()}"
+        if os.environ.get(variable, "") != "":
+            given[name] = parse(variable, os.environ[variable])
+    return given

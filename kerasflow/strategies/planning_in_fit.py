@@ -9,7 +9,8 @@ from typing import Callable
 from kerasflow import _compat
 from kerasflow.devices import wait_for_devices
 from kerasflow.multihost import task_of
-from kerasflow.planner import Cluster, OpGraph, Plan
+from kerasflow.planner import Cluster, OpGraph, Plan, PlanRequest
+from kerasflow.planner.parallel import baselines
 from kerasflow.planner.parallel.baselines import DEFAULT_PLACEMENT
 from kerasflow.planner.search.planning import tie_margin_for
 from kerasflow.planner.sim.simulator import STEP_OVERHEAD_FIELD
@@ -21,7 +22,8 @@ from kerasflow.strategies.options import Options
 from kerasflow.strategies.plan_report import PlanReport
 from kerasflow.strategies.reporting import Reporter
 
-__all__ = ["plan_in_fit", "may_split", "may_replicate", "ProfiledSteps", "LoopTime", "given_plan_mismatch"]
+__all__ = ["plan_in_fit", "data_parallel_step", "may_split", "may_replicate", "ProfiledSteps", "LoopTime",
+           "given_plan_mismatch"]
 
 
 def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Cluster, options: Options,
@@ -60,15 +62,15 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
                         metadata={**graph.metadata, STEP_OVERHEAD_FIELD: loop_seconds})
     say(f"kerasflow: planning for {len(options.devices)} devices")
     replicated = may_replicate(options, model, graph)
-    plans = collaborators.planner(
+    plans = collaborators.planner(PlanRequest(
         graph, cluster, split=may_split(options, cluster, own_train_step=custom),
         tick_tock="off" if custom else options.tick_tock,
         memory_limit=options.memory_limit, max_split_evaluations=options.max_split_evaluations,
         replicated=replicated, replica_statistics=replicated and options.replicated == "on",  # the user allows it
-        verbose=0 if reporter.quiet else options.verbose)
+        verbose=0 if reporter.quiet else options.verbose))
     best = plans[0]
     seconds = time.perf_counter() - started
-    line = reporter.planned(best, graph, cluster, seconds, len(options.devices))
+    line = reporter.planned(best, seconds, len(options.devices), parallel=data_parallel_step(best, graph, cluster))
     report = PlanReport(plan_seconds=seconds, algorithm=best.algorithm, summary=line,
                         predicted_step_time=best.predicted_step_time, candidates=dict(best.candidates),
                         excluded=dict(best.excluded) or None,
@@ -77,6 +79,23 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
     if options.log_dir:
         reporter.write_logs(options.log_dir, best, graph, cluster)
     return graph, list(plans), report
+
+
+def data_parallel_step(plan: Plan, graph: OpGraph, cluster: Cluster) -> float | None:
+    """Data parallelism's predicted step on ``cluster``, the baseline the line after planning
+    compares ``plan`` with (None when the planner kept the default placement: no line compares).
+
+    Example:
+        >>> from kerasflow.planner.ir.synthetic import chain_mlp
+        >>> graph, cluster = chain_mlp(layers=2), Cluster.preset("2xK80-pcie")
+        >>> data_parallel_step(Plan(algorithm="heft"), graph, cluster) > 0
+        True
+        >>> data_parallel_step(Plan(algorithm=DEFAULT_PLACEMENT), graph, cluster) is None
+        True
+    """
+    if plan.algorithm == DEFAULT_PLACEMENT:
+        return None
+    return baselines.data_parallel(graph, cluster).predicted_step_time
 
 
 def may_split(options: Options, cluster: Cluster, *, own_train_step: bool) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from kerasflow.devices import normalize_device
+from kerasflow.planner.ir.plan import Plan
 from kerasflow.strategies.applier import PlanApplier
 
 __all__ = ["ExecutedTransfer", "ExecutedCollective", "ExecutedStep", "PlacementMismatch", "PlacementReport",
@@ -153,12 +154,13 @@ class PlacementCheck:
         if self.armed:
             start_recording()
 
-    def after_step(self, applier: PlanApplier) -> bool:
-        """Reads the recorded step back; True when it did (the plan's first step ran)."""
+    def after_step(self, applier: PlanApplier, plan: Plan) -> bool:
+        """Reads the recorded step back (``plan`` applied by ``applier``); True when it did (the
+        plan's first step ran)."""
         if not self.armed:
             return False
         self.armed = False
-        self.executed = read_back(applier)
+        self.executed = read_back(applier, plan)
         return True
 
 
@@ -193,11 +195,11 @@ def stop_recording() -> list:
     return list(metadata.partition_graphs) if metadata is not None else []
 
 
-def read_back(applier: PlanApplier) -> ExecutedStep:
+def read_back(applier: PlanApplier, plan: Plan) -> ExecutedStep:
     """What the recorded step did (stops recording): its ops that ran off the plan, the tensors
     it sent between devices, its collectives and how many fused kernels it ran."""
     step = _last_step(stop_recording())
-    return ExecutedStep(_mismatches(applier, step), _transfers(applier, step), _collectives(applier, step),
+    return ExecutedStep(_mismatches(applier, plan, step), _transfers(applier, step), _collectives(applier, step),
                         fused_kernel_count(step))
 
 
@@ -241,8 +243,7 @@ def _is_fused_kernel(op_type: str) -> bool:
     return "Fused" in core or "WithBias" in core
 
 
-def _mismatches(applier: PlanApplier, partition_graphs) -> list[PlacementMismatch]:
-    plan = applier.plan
+def _mismatches(applier: PlanApplier, plan: Plan, partition_graphs) -> list[PlacementMismatch]:
     # A name can appear in several partition graphs (a function the step calls, instantiated
     # on more than one device): an op is where the plan put it if any of its instances is.
     actual: dict[str, set[str]] = {}
@@ -258,7 +259,10 @@ def _mismatches(applier: PlanApplier, partition_graphs) -> list[PlacementMismatc
                 # Runs where its variable lives: compare with the variable's planned home.
                 planned = plan.placement.get(base) if shard < 0 else None
             else:
-                planned, _ = applier.device_for(name)
+                # Asked as the applier asked when it placed the op: a traced op whose profiled
+                # namesake is of another type (a Shape the profiled run folded into a Const) is
+                # placed by its layer, or left to TensorFlow, not at the namesake's device.
+                planned, _ = applier.device_for(name, applier.traced_types.get(name))
                 if base not in plan.placement and shard < 0 and plan.data_parallel is None:
                     planned = None
             if planned is None:

@@ -58,13 +58,20 @@ class Reporter:
         """A ``RuntimeWarning`` (shown whatever ``verbose`` is: it says training changed course)."""
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
-    def planned(self, plan: Plan, graph: OpGraph, cluster: Cluster, seconds: float, devices: int) -> str:
-        """The one line after planning: algorithm, predicted step, ratios to the baselines; or, when
-        the default placement is kept, the best plan's predicted step beside the default's."""
+    def planned(self, plan: Plan, seconds: float, devices: int, parallel: float | None = None) -> str:
+        """The one line after planning: algorithm, predicted step, ratios to the baselines (one
+        device, and ``parallel``: data parallelism's predicted step); or, when the default placement
+        is kept, the best plan's predicted step beside the default's.
+
+        Example:
+            >>> from kerasflow.planner import Plan
+            >>> heft = Plan(algorithm="heft", predicted_step_time=0.010, candidates={"single_device": 0.02})
+            >>> print(Reporter(verbose=0).planned(heft, 2.5, 4, parallel=0.015))
+            kerasflow: 4 devices, planned in 2.5s (heft): predicted step 10.00 ms, 2.00x single device, 1.50x data-parallel
+        """
         if plan.algorithm == baselines.DEFAULT_PLACEMENT:
             return self.kept_default(plan, seconds, devices)
         single = plan.candidates.get("single_device")
-        parallel = baselines.data_parallel(graph, cluster).predicted_step_time
         line = (f"kerasflow: {devices} devices, planned in {seconds:.1f}s ({plan.algorithm}): "
                 f"predicted step {plan.predicted_step_time * 1e3:.2f} ms")
         if single:
@@ -142,24 +149,20 @@ class Reporter:
         self.say(line)
         return line
 
-    def record_measured(self, report, plan: Plan, graph: OpGraph | None, *, step: int, measured_step_time: float,
-                        default_step_time: float | None, ratio: float | None,
-                        default_name: str = "the default placement") -> None:
-        """Says what the plan measured (``measured``) and keeps it in the ``PlanReport``."""
-        report.measured_step_time, report.default_step_time = measured_step_time, default_step_time
+    def trial_measured(self, plan: Plan, graph: OpGraph | None, measured: float, default: float | None,
+                       ratio: float | None, default_name: str = "the default placement") -> str:
+        """The line when the trial of ``plan`` (profiled as ``graph``) ended: what it measured,
+        beside ``default`` (the default placement's step timed in alternation, with ``ratio``, the
+        plan's over it) or else the default placement's profiled step (``measured``)."""
         profiled = graph.metadata.get("plain_step_seconds") if graph is not None else None
         loop = step_overhead(graph) if graph is not None else 0.0
-        report.measured_summary = self.measured(plan, measured_step_time, default=default_step_time,
-                                                speedup=1 / ratio if ratio else None, profiled=profiled, loop=loop,
-                                                default_name=default_name)
-        report.settled_step = step + 1
+        return self.measured(plan, measured, default=default, speedup=1 / ratio if ratio else None, profiled=profiled,
+                             loop=loop, default_name=default_name)
 
-    def replaced(self, report, plan: Plan, following: Plan, why: str) -> None:
-        """Says that ``following`` replaces ``plan`` (measured slower: ``why``) and notes it in the report."""
+    def replaced(self, following: Plan, why: str) -> None:
+        """Says that ``following`` replaces the plan timed (measured slower: ``why``)."""
         self.say(f"kerasflow: {why}; trying the next plan, {following.algorithm} (predicted "
                  f"{following.predicted_step_time * 1e3:.2f} ms)")
-        report.plan_replaced = f"{plan.algorithm}: {why}"
-        report.algorithm, report.predicted_step_time = following.algorithm, following.predicted_step_time
 
     def replicas_change_the_math(self, plan: Plan, graph: OpGraph | None) -> None:
         """One line when a data-parallel plan's replicas run layers whose math depends on the whole

@@ -5,7 +5,7 @@ default placement's devices). Going back gives the model its own ``train_step``,
 variable (the model's, the optimizers', the metrics') home with its value, rebuilds Keras'
 train function and forgets the test and predict functions traced on the planned variables.
 During a trial the way back is shorter: the trial's home variables become the model's again and
-the default train function it traced on them runs on.
+the default train function it traced on them runs on (the driver hands both over).
 Across a cluster's tasks a silent task cannot hang the move for good: past ``MOVE_BACK_SECONDS``
 the model's state is out of reach, which is the one error that ends ``fit``.
 """
@@ -13,13 +13,14 @@ the model's state is out of reach, which is the one error that ends ``fit``.
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 import tensorflow as tf
 
 from kerasflow import _compat
 from kerasflow.multihost import run_within, silent_tasks, task_of
 from kerasflow.planner.errors import ClusterConnectionError, KerasflowError
-from kerasflow.strategies.variables import current_homes, move_variables
+from kerasflow.strategies.variables import HomeVariables, current_homes, move_variables
 
 __all__ = ["Retreat", "describe", "state_lost"]
 
@@ -42,13 +43,14 @@ class Retreat:
         self.homes = current_homes(model)
         self.across_tasks = len({task_of(d) for d in devices}) > 1
 
-    def go(self, trial=None) -> None:
+    def go(self, homes: HomeVariables | None = None, default_function: Callable | None = None) -> None:
         """Moves everything home and puts Keras' own train function back.
 
         Args:
-            trial: the ``Trial`` still timing the plan, if any: its home variables take the
-                current values and are the model's again (no new variables), and the default
-                train function it traced on them is reused (no retrace).
+            homes: the home variables of the trial still timing the plan, if it has them: they
+                take the current values and are the model's again (no new variables).
+            default_function: the default train function that trial traced on them, if it did:
+                reused (no retrace).
 
         Raises:
             KerasflowError: the variables could not be moved back (``ClusterConnectionError``
@@ -56,7 +58,6 @@ class Retreat:
         """
         model = self.model
         _compat.override(model, "train_step", self.own_step)
-        homes = trial.homes if trial is not None else None
         if homes is not None:
             move = homes.come_home
         else:
@@ -73,8 +74,8 @@ class Retreat:
                 None, None, f"moving the variables back did not finish within {MOVE_BACK_SECONDS} s")
         except Exception as failure:  # noqa: BLE001 - named in the error below
             lost = failure
-        if homes is not None and trial.default_function is not None:
-            _compat.override(model, "train_function", trial.default_function)
+        if homes is not None and default_function is not None:
+            _compat.override(model, "train_function", default_function)
         else:
             model.make_train_function(force=True)
         _compat.forget_traced_functions(model)

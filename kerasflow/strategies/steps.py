@@ -42,9 +42,10 @@ from kerasflow.planner.ir.graphtables import LOSS_GROUP
 from kerasflow.profiling.capture import last_op_id, live_operations
 from kerasflow.strategies.applier import PlanApplier
 from kerasflow.strategies.batchstats import ShardStatistics, synchronized_layers, whole_batch_statistics
+from kerasflow.strategies.in_force import InForce
 from kerasflow.strategies.lockstep import Lockstep
 from kerasflow.strategies.out_of_data import effects_wait_for_the_batch
-from kerasflow.strategies.replicas import Replicas, all_reduce_gradients
+from kerasflow.strategies.replicas import all_reduce_gradients
 from kerasflow.strategies.scopes import (SHARD_INPUTS_SCOPE, SHARD_OUTPUTS_SCOPE, WAVES_SCOPE, replica_scope, shard_scope,
                                          wave_scope)
 
@@ -189,7 +190,7 @@ def split_loss(original: Callable, shards, chains: _ShardChains, counting: Calla
     """``original`` (the compiled loss' ``call(y_true, y_pred, sample_weight)``) run as shards of
     the batch: each shard's loss, an average over its rows, weighted by its share of the batch,
     and the weighted losses summed (the profile marks the loss splittable only where that sum is
-    the batch's loss: ``_compat.loss_combines_by_share``).
+    the batch's loss: ``splittable.losses_combine_by_share``).
 
     The inputs are cut as ``split_call`` cuts a layer's: predictions that a split layer with the
     same shards made are taken shard by shard. ``counting(share)`` makes a context inside which
@@ -255,23 +256,23 @@ class PlannedStep:
     Args:
         model: the Keras model.
         original: its own ``train_step``.
-        applier: the plan applier, or None to trace without a plan (recording only).
+        in_force: the plan in force (``InForce``: the plan, its applier and, for a data-parallel
+            plan, the per-device copies its replicas run on), or None to trace without a plan
+            (recording only).
         on_trace: called with the batch structure each time the step is traced.
         custom_step: True when the model overrides ``train_step`` (placement and order
             only: no splits or waves).
         on_batch: while no plan is applied, called with each batch the step runs on, as
             eager tensors (kerasflow profiles with a real batch of the user's data: string
             inputs, lookup layers and unknown dimensions need one). None: not recorded.
-        replicas: the per-device copies a data-parallel plan runs on (``Replicas``).
     """
 
-    def __init__(self, model, original: Callable, applier: PlanApplier | None = None,
+    def __init__(self, model, original: Callable, in_force: InForce | None = None,
                  on_trace: Callable[[Any], None] | None = None, custom_step: bool = False,
-                 on_batch: Callable[[Any], None] | None = None, replicas: Replicas | None = None):
+                 on_batch: Callable[[Any], None] | None = None):
         self.model = model
-        self.replicas = replicas
         self.original = original
-        self.applier = applier
+        self.in_force = in_force
         self.on_trace = on_trace
         self.custom_step = custom_step
         self.on_batch = on_batch
@@ -284,18 +285,18 @@ class PlannedStep:
     def _step(self, data):
         if self.on_trace is not None:
             self.on_trace(data)
-        if self.applier is None or tf.executing_eagerly():
+        if self.in_force is None or tf.executing_eagerly():
             if self.on_batch is not None and not tf.executing_eagerly():
                 _record_batch(data, self.on_batch)
             return self.original(data)
         graph = tf.compat.v1.get_default_graph()
         start = last_op_id(graph)
-        plan = self.applier.plan
+        plan, applier = self.in_force.plan, self.in_force.applier
         chains = _ShardChains()
         with contextlib.ExitStack() as patches:
             if not self.custom_step:
                 self._patch_layers(plan, patches, chains)
-            with graph.device(_DeviceInsideFunctions(graph, self.applier)):
+            with graph.device(_DeviceInsideFunctions(graph, applier)):
                 if plan.data_parallel is not None:
                     outputs = self._replicated(data)
                 elif plan.waves is not None and plan.waves.count > 1 and not self.custom_step:
@@ -308,7 +309,7 @@ class PlannedStep:
         for external, internal in getattr(graph, "captures", []):
             if external.dtype == tf.resource:
                 captures[internal.op.name] = external.device
-        self.applier.apply(new_ops, captures)
+        applier.apply(new_ops, captures)
         effects_wait_for_the_batch(data, new_ops)
         return outputs
 
@@ -317,7 +318,7 @@ class PlannedStep:
         plan splits it (``LOSS_GROUP``) and, when the step runs as waves, of the layers whose loops
         read their weights (read where each wave runs), until ``patches`` closes after the trace."""
         by_name = {layer.name: layer for layer in _compat.all_layers(self.model)}
-        bound = self.applier.weight_bound_layers
+        bound = self.in_force.applier.weight_bound_layers
         waves = plan.waves is not None and plan.waves.count > 1 and plan.data_parallel is None
         for layer_name in sorted(set(plan.splits) | (bound if waves else set())):
             layer = by_name.get(layer_name)
@@ -337,7 +338,7 @@ class PlannedStep:
     def _waves(self, data, chains: _ShardChains):
         """One step as micro-batches whose scaled gradients are summed before one update."""
         model = self.model
-        x, y, sample_weight = _unpack(data)
+        x, y, sample_weight = _compat.unpack_x_y_sample_weight(data)
         batch = _batch_of(x)
         variables = model.trainable_weights
         predictions, losses, gradients = self._micro_batches(x, y, sample_weight, batch, batch, variables, chains)
@@ -355,7 +356,7 @@ class PlannedStep:
         With the Tick-Tock offset, a wave starts once the previous wave's prediction is made: its
         shards, where a split output layer made it (``chains``), so that the joined prediction,
         which a split loss does not read, is not made for the barrier alone."""
-        model, waves = self.model, self.applier.plan.waves
+        model, waves = self.model, self.in_force.plan.waves
         chains = chains if chains is not None else _ShardChains()
         count = waves.count if waves is not None else 1
         sizes = _sizes(size, [waves.fraction(w) for w in range(count)] if count > 1 else [1.0])
@@ -392,8 +393,8 @@ class PlannedStep:
         plan has them) on its own copy of the weights, a collective sums the gradients, and every
         replica applies the same update; the loss and metrics are updated replica by replica.
         With the whole batch's BatchNormalization statistics, the replicas are traced in lockstep."""
-        model, replicas = self.model, self.replicas
-        x, y, sample_weight = _unpack(data)
+        model, replicas = self.model, self.in_force.replicas
+        x, y, sample_weight = _compat.unpack_x_y_sample_weight(data)
         batch = _batch_of(x)
         devices = replicas.devices
         sizes = _sizes(batch, [1.0 / len(devices)] * len(devices))
@@ -409,7 +410,7 @@ class PlannedStep:
                 variables = model.trainable_weights if r == 0 else replicas.trainable(r)
                 return (xr, yr, sr, sizes[r]) + self._micro_batches(xr, yr, sr, sizes[r], batch, variables)
 
-        synchronized = synchronized_layers(model) if self.applier.plan.synchronizes_statistics else []
+        synchronized = synchronized_layers(model) if self.in_force.plan.synchronizes_statistics else []
         if synchronized:
             lockstep = Lockstep(len(devices), on_turn=replicas.point_at)
             with whole_batch_statistics(synchronized, lockstep, replicas.collectives, batch):
@@ -464,14 +465,3 @@ def _add(a, b):
         return tf.IndexedSlices(tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0),
                                 a.dense_shape)
     return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
-
-
-def _unpack(data):
-    if isinstance(data, (list, tuple)):
-        data = tuple(data)
-        if len(data) == 1:
-            return data[0], None, None
-        if len(data) == 2:
-            return data[0], data[1], None
-        return data[0], data[1], data[2]
-    return data, None, None

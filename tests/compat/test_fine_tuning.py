@@ -15,7 +15,8 @@ import tensorflow as tf
 from keras import layers
 
 import kerasflow
-from kerasflow.strategies import Collaborators, ScriptedStopwatch
+from kerasflow.strategies import Collaborators
+from kerasflow.testing import ScriptedStopwatch
 from tests.strategies import paths
 
 BATCH = 16

@@ -7,13 +7,16 @@ every plan that would hand a device fewer rows; the compatibility suite runs the
 default configuration and through a forced replacement and drop (``test_tutorial_models.py``).
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from kerasflow.planner import ranked_plans
-from kerasflow.strategies import Collaborators, ScriptedStopwatch
+from kerasflow.strategies import Collaborators
+from kerasflow.testing import ScriptedStopwatch
+from kerasflow.testing.tutorial_models import PATTERNS, SWITCH_BATCH
 from tests.compat.test_tutorial_models import train
-from tests.compat.tutorial_models import PATTERNS, SWITCH_BATCH
 
 SWITCH = next(p for p in PATTERNS if p.name == "switch_transformer")
 # Calls of the train function before the plan is kept: 2 warm-up, 1 profiled, the plan's first
@@ -21,12 +24,12 @@ SWITCH = next(p for p in PATTERNS if p.name == "switch_transformer")
 EPOCHS = 3
 
 
-def layerwise_with_data_parallelism_asked_for(graph, cluster, **settings):
+def layerwise_with_data_parallelism_asked_for(request):
     """The layer-wise plan on the logical CPUs taken as devices of their own, with data
     parallelism among the candidates (the default configuration does not try it for this model:
     its router couples the batch's samples), so that the refusal is what leaves it out."""
-    settings = {**settings, "replicated": True, "candidates": ("layerwise_model_parallel", "data_parallel")}
-    return ranked_plans(graph, cluster.independent(), **settings)
+    return ranked_plans(dataclasses.replace(request, cluster=request.cluster.independent(), replicated=True,
+                                            candidates=("layerwise_model_parallel", "data_parallel")))
 
 
 @pytest.fixture(scope="module")

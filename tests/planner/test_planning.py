@@ -1,12 +1,14 @@
 """plan()'s own steps, on graphs small enough to work out by hand."""
 
+import dataclasses
 import random
 
 import pytest
 
-from kerasflow.planner import Cluster, InvalidPlanError, Link, OpGraph, Plan
+from kerasflow.planner import Cluster, InvalidPlanError, Link, OpGraph, Plan, PlanRequest
 from kerasflow.planner.sim.predict import with_prediction
 from kerasflow.planner.ir.machine import SharedCompute
+from kerasflow.planner.search.candidates import Misfit
 from kerasflow.planner.search.planning import PREDICTION_ERROR, order_if_faster, plan, tie_margin_for
 from kerasflow.planner.parallel.ticktock import with_waves
 from tests.planner.helpers import cluster, devices, normalization, op
@@ -181,10 +183,10 @@ def test_skipping_wave_candidates_slower_than_the_fastest_changes_no_choice():
                           (synthetic.chain_mlp(layers=4), "2xK80-pcie"),
                           (synthetic.inception_like(blocks=2), "8xH100-nvlink")):
         every, _ = candidate_plans(graph, preset, split=False, verbose=0)
-        kept, excluded = candidate_plans(graph, preset, split=False, verbose=0, skip_slower=True)
+        kept, misfits = candidate_plans(graph, preset, split=False, verbose=0, skip_slower=True)
         fastest = min(p.predicted_step_time for p in kept.values())
         assert fastest == min(p.predicted_step_time for p in every.values())
-        skipped = [name for name, why in excluded.items() if "not simulated" in why]
+        skipped = [misfit.name for misfit in misfits if "not simulated" in misfit.reason]
         skipped_any = skipped_any or bool(skipped)
         for name in skipped:  # what was skipped simulates slower than the fastest, as its bound said
             if name not in every:  # the best placed plan's waves, where that plan differs without skipping
@@ -235,14 +237,16 @@ def test_a_model_that_refused_a_smaller_batch_gets_no_plan_that_hands_a_device_f
     every, _ = candidate_plans(graph, "4xV100-nvlink", **settings)
     # Without the refusal, the same step gets plans of every kind that cuts the batch.
     assert {"data_parallel", "one_copy_data_parallel", "heft+split"} <= set(every)
-    kept, excluded = candidate_plans(refusing, "4xV100-nvlink", **settings)
+    kept, misfits = candidate_plans(refusing, "4xV100-nvlink", **settings)
     assert kept and not any(p.data_parallel or p.waves or p.splits for p in kept.values())
     assert set(kept) <= set(every)
     why = (f"hands a device fewer rows than the batch of {graph.batch_size}, and the model refused a batch of "
            f"{graph.batch_size // 2} while it was profiled")
-    assert excluded == {"data_parallel": why, "op_splitting": why, "waves": why}
+    assert misfits == (Misfit("data_parallel", why), Misfit("op_splitting", why), Misfit("waves", why))
+    excluded = {"data_parallel": why, "op_splitting": why, "waves": why}
     best = plan(refusing, "4xV100-nvlink", **settings)
     assert best.excluded == excluded and Plan.from_dict(best.to_dict()).excluded == excluded
+    assert best.to_dict()["excluded"] == excluded  # plan files keep the mapping
     with pytest.raises(InvalidPlanError, match=f"batch_size={2 * graph.batch_size}. Plan for batch_size="):
         plan(refusing, "4xV100-nvlink", batch_size=2 * graph.batch_size, **settings)
 
@@ -254,12 +258,64 @@ def test_the_steps_temporary_memory_is_kept_free_on_every_device():
     graph = synthetic.chain_mlp(layers=2)
     limit = 2 * 2**30  # budgets of 0.9 x 2 GiB
     settings = {"memory_limit": limit, "split": False, "tick_tock": "off", "verbose": 0}
-    plans, excluded = candidate_plans(graph, "2xK80-pcie", **settings)
+    plans, misfits = candidate_plans(graph, "2xK80-pcie", **settings)
     alone = max(plans["single_device"].predicted_peak_memory.values())
-    assert "single_device" not in excluded
+    assert "single_device" not in dict(misfits)
     # A GPU profile measured this much more than the model's tensors: one device can no longer hold the step.
     temporary = 0.9 * limit - alone + 1
     with_workspace = OpGraph(graph.ops, graph.edges, batch_size=graph.batch_size, metadata={"temporary_bytes": temporary})
-    plans, excluded = candidate_plans(with_workspace, "2xK80-pcie", **settings)
-    assert "single_device" not in plans and excluded["single_device"].endswith("exceeds the budget")
+    plans, misfits = candidate_plans(with_workspace, "2xK80-pcie", **settings)
+    assert "single_device" not in plans and dict(misfits)["single_device"].endswith("exceeds the budget")
     assert all(peak + temporary <= 0.9 * limit for p in plans.values() for peak in p.predicted_peak_memory.values())
+
+
+def test_a_request_is_checked_when_it_is_made():
+    graph = OpGraph([op("a", 1.0)], [])
+    for settings, message in [({"candidates": ("heft", "fastest")}, r"Unknown candidate\(s\) \['fastest'\]"),
+                              ({"tick_tock": "always"}, "tick_tock must be one of"),
+                              ({"batch_size": 0}, "Received: batch_size=0"),
+                              ({"tie_margin": 1.0}, r"tie_margin must be a fraction in \[0, 1\)")]:
+        with pytest.raises(InvalidPlanError, match=message):
+            PlanRequest(graph, cluster(2), **settings)
+    request = PlanRequest(graph, cluster(2), memory_limit=100.0, memory_headroom=0.5)
+    assert request.budgets == (50.0, 50.0) and request.batch == graph.batch_size
+    with pytest.raises(InvalidPlanError, match="tick_tock must be one of"):  # a changed copy is checked again
+        dataclasses.replace(request, tick_tock="always")
+
+
+def test_plan_of_a_request_is_plan_of_its_keywords():
+    graph, c = near_tie()
+    settings = {"split": False, "tick_tock": "off", "tie_margin": 0, "verbose": 0}
+    by_keywords = plan(graph, c, **settings)
+    assert by_keywords.algorithm != "default_placement"  # the strict fastest: side by side
+    assert plan(PlanRequest(graph, c, **settings)) == by_keywords == plan(graph=graph, cluster=c, **settings)
+    with pytest.raises(InvalidPlanError, match=r"Give a PlanRequest alone.*Received: a PlanRequest with "
+                                               r"cluster=None and \['split'\]"):
+        plan(PlanRequest(graph, c), split=False)
+
+
+def test_the_registry_holds_the_base_candidates_in_trial_order_with_their_labels():
+    from kerasflow.planner.search.candidates import CANDIDATES, REGISTRY, label
+
+    assert CANDIDATES == ("default_placement", "single_device", "data_parallel_replica_statistics", "data_parallel",
+                          "data_parallel_one_host", "layerwise_model_parallel", "heft", "heft-layers", "cpop",
+                          "cpop-layers")
+    assert [name for name in CANDIDATES if REGISTRY[name].replicated] == [
+        "data_parallel_replica_statistics", "data_parallel", "data_parallel_one_host"]
+    assert [name for name in CANDIDATES if REGISTRY[name].list_schedule] == [
+        "heft", "heft-layers", "cpop", "cpop-layers"]
+    assert label("heft-layers+split") == "HEFT (layer affinity) + op splitting"
+    assert label("layerwise_model_parallel+waves") == "layer-wise model-parallel + Tick-Tock waves"
+
+
+def test_one_host_and_one_replica_leave_their_candidates_out():
+    from kerasflow.planner import synthetic
+    from kerasflow.planner.search.planning import candidate_plans
+
+    graph, settings = synthetic.chain_mlp(layers=2), {"split": False, "tick_tock": "off", "verbose": 0}
+    one_host, _ = candidate_plans(graph, "4xV100-nvlink", **settings)
+    assert "data_parallel" in one_host and "data_parallel_one_host" not in one_host
+    assert "data_parallel_one_host" in candidate_plans(graph, "2x8xV100", **settings)[0]
+    one_replica, misfits = candidate_plans(graph, "4xV100-nvlink", replicated=False, **settings)
+    assert list(one_replica) == [name for name in one_host if not name.startswith("data_parallel")]
+    assert misfits == ()

@@ -70,10 +70,11 @@ def stop_a_worker_mid_fit(out: str, pid: int, signal_name: str, when: str) -> No
     from kerasflow.planner.sim.predict import with_prediction
     from kerasflow.strategies import Collaborators
 
-    def a_layer_on_every_device(graph, cluster, **settings):
+    def a_layer_on_every_device(request):
         # The planner's own choice rides on loopback's noise, and may leave the stopped worker
         # idle (its loss then shows only in Keras' sync at the end of the epoch, as TensorFlow's
         # own error): a layer on every device gives the stopped worker variables the next step needs.
+        graph, cluster = request.graph, request.cluster
         return [with_prediction(baselines.layerwise_model_parallel(graph, cluster), graph, cluster)]
 
     strategy = kerasflow.FastTStrategy(inter_host_link=(20e-6, 5e9), split=False, tick_tock="off", verbose=0,

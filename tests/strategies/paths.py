@@ -27,8 +27,8 @@ import kerasflow
 from kerasflow.planner import ranked_plans
 from kerasflow.planner.search.planning import PLANNED_CANDIDATES
 from kerasflow.strategies import Collaborators
+from kerasflow.testing.rounding import Spread, permuted_rows
 from tests.planned_cluster import CLUSTER_OPTION
-from tests.rounding import Spread, permuted_rows
 
 BATCH = 16
 EPOCHS = 3  # of 12 steps (the convnet): 36 steps, room for a plan and its runner-up (19 steps)
@@ -43,8 +43,8 @@ OPTIONS = dict(verbose=0, warmup_steps=2, profile_steps=1, **CLUSTER_OPTION)
 # data-parallel plan sums each gradient and BatchNormalization's statistics with collectives, and
 # a split layer, loss or BatchNormalization sums its shards' parts, in another order than one
 # device: there each output is held to ten times plain Keras' own spread under permuted rows,
-# measured in the same run (``tests/rounding.py``). A missed or repeated step, a stale learning
-# rate or the wrong variables differ by far more.
+# measured in the same run (``kerasflow/testing/rounding.py``). A missed or repeated step, a
+# stale learning rate or the wrong variables differ by far more.
 RTOL, ATOL = 1e-5, 1e-7
 
 
@@ -131,7 +131,7 @@ def bn_cnn_data():
 def gan():
     """keras.io "DCGAN": the tutorial models' ``GAN`` (its own train_step, two optimizers), its
     discriminator and generator smaller (8x8 images), every layer named."""
-    from tests.compat.tutorial_models import GAN
+    from kerasflow.testing.tutorial_models import GAN
 
     discriminator = keras.Sequential([
         keras.Input(shape=(8, 8, 1)),
@@ -218,7 +218,7 @@ def built(spec: Spec) -> keras.Model:
 
 def data_of(spec: Spec, rows_permuted: bool = False) -> dict:
     """The model's data; ``rows_permuted``: each training batch's rows permuted (the same
-    sums in another order: ``tests/rounding.py``)."""
+    sums in another order: ``kerasflow/testing/rounding.py``)."""
     assert not (rows_permuted and spec.draws_by_row), f"permuted rows change {spec.name}'s math"
     keras.utils.set_random_seed(SEED)
     data = spec.data()
@@ -530,8 +530,8 @@ def planner(first: str, second: str | None = None, *, runner_up_predicted: float
     ``change(plan)``: the first plan replaced by what it returns."""
     wanted = (first,) if second is None else (first, second)
 
-    def plan(graph, cluster, **settings):
-        plans = {p.algorithm: p for p in ranked_plans(graph, cluster, **{**settings, "candidates": wanted})}
+    def plan(request):
+        plans = {p.algorithm: p for p in ranked_plans(dataclasses.replace(request, candidates=wanted))}
         missing = [name for name in wanted if name not in plans]
         assert not missing, f"no {missing} among {sorted(plans)}"
         best = plans[first] if change is None else change(plans[first])
@@ -547,11 +547,12 @@ def planner(first: str, second: str | None = None, *, runner_up_predicted: float
     return plan
 
 
-def a_plan_whatever_it_gains(graph, cluster, **settings):
+def a_plan_whatever_it_gains(request):
     """kerasflow's planner on the logical CPUs taken as devices of their own, the default placement
     left out: a plan is always applied. For tests of what happens to a plan: on their shared host
     the real planner keeps the default placement (every plan ties with it there)."""
-    return ranked_plans(graph, cluster.independent(), **{**settings, "candidates": PLANNED_CANDIDATES})
+    return ranked_plans(dataclasses.replace(request, cluster=request.cluster.independent(),
+                                            candidates=PLANNED_CANDIDATES))
 
 
 # The collaborators of a door that applies a plan, whatever it gains, and times it for real.

@@ -12,7 +12,7 @@ import tensorflow as tf
 import kerasflow
 from kerasflow.planner import DataParallel, Plan, Shard
 from kerasflow.strategies.batchstats import synchronized_layers
-from tests.rounding import Spread, permuted_rows
+from kerasflow.testing.rounding import Spread, permuted_rows
 
 DEVICES = ["/CPU:0", "/CPU:1", "/CPU:2"]
 BATCH = 24
@@ -73,7 +73,7 @@ def one_device():
 @pytest.fixture(scope="module")
 def spread(one_device):
     """Plain Keras' own spread when each batch's rows come permuted: the replicas' sums taken in
-    another order (``tests/rounding.py``)."""
+    another order (``kerasflow/testing/rounding.py``)."""
     return Spread.between(outputs(*one_device), outputs(*trained(tf.distribute.get_strategy(),
                                                                  lambda: permuted_rows(images()))))
 

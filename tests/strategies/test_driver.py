@@ -11,11 +11,14 @@ import tensorflow as tf
 
 import kerasflow
 from kerasflow import KerasflowError
+from kerasflow.planner import Plan
 from kerasflow.planner.search import planning
 from kerasflow.planner.parallel.baselines import default_placement
 from kerasflow.strategies import Collaborators
+from kerasflow.strategies.driver_state import Planned
 from kerasflow.strategies.options import Options
 from kerasflow.strategies.verdict import TIMED_ROUNDS
+from kerasflow.testing import ScriptedStopwatch
 from tests.profiling import models
 from tests.strategies import paths
 
@@ -90,15 +93,15 @@ def test_a_missing_tensorboard_never_undoes_the_plan(monkeypatch, tmp_path, caps
     assert losses == pytest.approx(plain_mlp_losses(), rel=1e-5)
 
 
-def heft_only(graph, cluster, **kwargs):
+def heft_only(request):
     """A planner of one HEFT list schedule, as it comes: with its per-device order."""
-    return [kerasflow.planner.schedule.heft(graph, cluster)]
+    return [kerasflow.planner.heft(request.graph, request.cluster)]
 
 
 def fit_mlp_failing_from(count: int, failures: int | None):
     """(strategy, losses, kerasflow's warnings) of the MLP trained one epoch on a HEFT plan whose
     steps fail from its ``count``-th on, ``failures`` of them (None: every one)."""
-    watch = kerasflow.strategies.ScriptedStopwatch({"heft": 1e-3}, fail_from=("heft", count), failures=failures)
+    watch = ScriptedStopwatch({"heft": 1e-3}, fail_from=("heft", count), failures=failures)
     return fit_mlp_under_fastt(collaborators=Collaborators(planner=heft_only, stopwatch=watch))
 
 
@@ -130,7 +133,7 @@ def test_an_order_tensorflow_refuses_is_dropped_and_the_report_says_so():
 
 
 def test_every_optimizer_a_model_owns_keeps_its_state():
-    from tests.compat.tutorial_models import gan, gan_dataset
+    from kerasflow.testing.tutorial_models import gan, gan_dataset
 
     keras.utils.set_random_seed(7)
     model = gan()
@@ -173,7 +176,7 @@ def test_every_phase_is_shown_with_verbose(capsys):
 def test_boolean_settings_from_the_environment(monkeypatch, raw, expected):
     monkeypatch.setenv("KERASFLOW_SPLIT", raw)  # a boolean before it had "auto": on or off
     monkeypatch.setenv("KERASFLOW_DROP_SLOWER_PLAN", raw)
-    options = Options.build(["/CPU:0"])
+    options = Options.from_arguments(devices=["/CPU:0"])
     assert options.split == ("on" if expected else "off") and options.drop_slower_plan is expected
 
 
@@ -184,9 +187,9 @@ def test_split_auto_asks_the_planner_to_split_only_devices_that_do_not_share_com
     # logical CPUs are taken for devices of their own.
     asked = []
 
-    def keep_the_default_placement(graph, cluster, **settings):
-        asked.append(settings["split"])
-        return [default_placement(graph, cluster)]
+    def keep_the_default_placement(request):
+        asked.append(request.split)
+        return [default_placement(request.graph, request.cluster)]
 
     x, y = mlp_data()
     keras.utils.set_random_seed(7)
@@ -211,6 +214,49 @@ def test_bad_settings_are_refused_when_the_door_is_made(name, value, match):
         kerasflow.callbacks.FastT(**{name: value})
 
 
+DOORS = {"FastTStrategy": lambda **arguments: kerasflow.FastTStrategy(**arguments),
+         "FastT": lambda **arguments: kerasflow.callbacks.FastT(**arguments)}
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(devices=["/CPU:0", "/GPU:3"]),
+     "{door} got device(s) ['/GPU:3'] that do not exist; TensorFlow has ['/CPU:0', '/CPU:1', '/CPU:2', '/CPU:3']. "
+     "Call kerasflow.devices.virtual_cpus(4) before TensorFlow starts for logical CPUs, or pass devices= with "
+     "existing ones."),
+    (dict(devices=["/CPU:0", "/CPU:1"], cluster="cpu-testbed:1"),
+     "The cluster 'cpu-testbed:1' has no device(s) ['/CPU:1']; its devices are ['/CPU:0']."),
+    (dict(devices=["/CPU:0", "/CPU:1"], plan=Plan(placement={"a": "/CPU:0", "b": "/CPU:2"}, algorithm="given")),
+     "The plan uses device(s) ['/CPU:2'] that {door} does not have (['/CPU:0', '/CPU:1']). Replan for these devices."),
+    (dict(options=Options(devices=("/CPU:0", "/CPU:1")), verbose=0),
+     "{door} got options= and the keyword argument(s) ['verbose']: pass either options= or the keyword arguments "
+     "(dataclasses.replace(options, verbose=...) changes one of its settings). Received: verbose=0"),
+    (dict(options=Options(devices=("/CPU:0", "/CPU:9"))),
+     "{door} got device(s) ['/CPU:9'] that do not exist; TensorFlow has ['/CPU:0', '/CPU:1', '/CPU:2', '/CPU:3']. "
+     "Call kerasflow.devices.virtual_cpus(4) before TensorFlow starts for logical CPUs, or pass devices= with "
+     "existing ones."),
+], ids=["missing-device", "cluster-without-the-devices", "plan-with-other-devices", "options-and-a-keyword",
+        "options-with-a-missing-device"])
+def test_both_doors_make_the_same_checks_with_the_same_errors(arguments, message):
+    # The callback made none of the cluster's and plan's checks before: a plan for other devices
+    # failed inside fit, where the strategy refuses it when it is made.
+    for door, make in DOORS.items():
+        with pytest.raises(KerasflowError) as error:
+            make(**arguments)
+        assert str(error.value) == message.format(door=door)
+
+
+def test_options_pass_from_one_door_to_the_other_as_they_are(monkeypatch):
+    strategy = kerasflow.FastTStrategy(devices=["/cpu:1", "/CPU:2"], cluster="cpu-testbed:4", warmup_steps="3",
+                                       split=True, verbose=0)
+    monkeypatch.setenv("KERASFLOW_WARMUP_STEPS", "7")  # options= holds every setting: no variable is read
+    callback = kerasflow.callbacks.FastT(options=strategy.options)
+    assert callback.options == strategy.options
+    assert (callback.options.devices, callback.options.warmup_steps, callback.options.split) == (
+        ("/CPU:1", "/CPU:2"), 3, "on")
+    tuned = kerasflow.FastTStrategy(options=dataclasses.replace(strategy.options, max_split_evaluations=4))
+    assert tuned.options.max_split_evaluations == 4 and tuned.devices == ["/CPU:1", "/CPU:2"]
+
+
 @pytest.mark.parametrize("setting, match", [
     (dict(connect_timeout=-1), "connect_timeout must be a positive number"),
     (dict(on_lost_task="retry"), r"on_lost_task must be 'exit' or 'wait'. Received: on_lost_task='retry'"),
@@ -230,7 +276,7 @@ def test_a_model_without_call_trains_under_the_strategy_as_under_none():
     # Keras 3 builds a model under a tf.distribute strategy from a batch at the start of fit, which
     # a VAE without call() cannot take; FastTStrategy builds it at the first trace, as the default
     # strategy does (nothing is planned here: the strategy alone).
-    from tests.compat.tutorial_models import vae, vae_data
+    from kerasflow.testing.tutorial_models import vae, vae_data
 
     def losses(strategy):
         keras.utils.set_random_seed(7)
@@ -341,8 +387,8 @@ def runners_up_predicted_at(seconds):
     """A planner as kerasflow's, every candidate after the first predicted at ``seconds`` (the real
     predictions sit near the default step on this machine, so whether one is worth a try would be
     up to the profile's noise)."""
-    def ranked(graph, cluster, **kwargs):
-        first, *others = paths.a_plan_whatever_it_gains(graph, cluster, **kwargs)
+    def ranked(request):
+        first, *others = paths.a_plan_whatever_it_gains(request)
         return [first] + [dataclasses.replace(plan, predicted_step_time=seconds) for plan in others]
     return ranked
 
@@ -428,8 +474,7 @@ def test_a_plan_within_3_percent_of_the_default_placement_stays(planned, default
 
 def ranked_first(algorithm):
     """A planner as kerasflow's, the plan of ``algorithm`` ranked first."""
-    return lambda graph, cluster, **kwargs: sorted(planning.ranked_plans(graph, cluster, **kwargs),
-                                                   key=lambda plan: plan.algorithm != algorithm)
+    return lambda request: sorted(planning.ranked_plans(request), key=lambda plan: plan.algorithm != algorithm)
 
 
 @pytest.mark.parametrize("algorithm", ["layerwise_model_parallel", "data_parallel"])
@@ -454,7 +499,7 @@ def test_a_default_step_that_fails_ends_the_timing_and_the_plan_stays():
     assert said == ["kerasflow: timing the default placement beside the plan failed (RuntimeError: no default "
                     "step today); the plan stays in force."]  # a plan that slow would otherwise be dropped
     assert callback.plan_in_force and "measured_step_time" not in callback.report
-    assert callback.driver.trial is None
+    assert isinstance(callback.driver.state, Planned)  # the trial, its home variables and default function let go
     assert losses == pytest.approx(plain_mlp_losses_for_two_epochs(), rel=1e-5)
 
 
@@ -462,8 +507,8 @@ def test_replicas_after_a_plan_that_moved_the_variables_take_the_default_steps_v
     # Layer-wise first (it moves variables off /CPU:0), then data parallelism (back on /CPU:0,
     # as new variables, copied per replica): each default step of the second timing runs on the
     # home variables, and every replica must start the next planned step from its values.
-    def two(graph, cluster, **kwargs):
-        by_name = {plan.algorithm: plan for plan in planning.ranked_plans(graph, cluster, **kwargs)}
+    def two(request):
+        by_name = {plan.algorithm: plan for plan in planning.ranked_plans(request)}
         return [by_name["layerwise_model_parallel"],
                 dataclasses.replace(by_name["data_parallel"], predicted_step_time=0.5e-3)]
 

@@ -28,9 +28,10 @@ import pytest
 
 from kerasflow.planner import Shard
 from kerasflow.planner.ir.graphtables import LOSS_GROUP
-from kerasflow.strategies import Collaborators, ScriptedStopwatch
+from kerasflow.strategies import Collaborators
 from kerasflow.strategies.verdict import TIMED_ROUNDS
-from tests.rounding import Spread
+from kerasflow.testing import ScriptedStopwatch
+from kerasflow.testing.rounding import Spread
 from tests.strategies import paths
 from tests.strategies.paths import (BACKUP, ONE, SPECS, TWO, TWO_WITH_EVALUATE, TWO_WITH_EVALUATE_AND_PREDICT, Door,
                                     Program, Spec)

@@ -17,16 +17,18 @@ import pytest
 
 from kerasflow.planner import Plan
 from kerasflow.planner.sim.predict import with_prediction
-from kerasflow.strategies import Collaborators, ScriptedStopwatch
+from kerasflow.strategies import Collaborators
+from kerasflow.testing import ScriptedStopwatch
 from tests.strategies import paths
 
 DEVICES = ("/CPU:1", "/CPU:2", "/CPU:3")
 SCATTERED = "scattered"
 
 
-def scattered(graph, cluster, **settings):
+def scattered(request):
     """Every op on the next device in turn (a colocation group where its first member went),
     each device running its ops in the graph's order."""
+    graph = request.graph
     placement, groups, order = {}, {}, {}
     for index, op in enumerate(graph.ops):
         device = DEVICES[index % len(DEVICES)]
@@ -34,8 +36,8 @@ def scattered(graph, cluster, **settings):
             device = groups.setdefault(op.colocation, device)
         placement[op.name] = device
         order.setdefault(device, []).append(op.name)
-    plan = Plan(placement=placement, order=order, batch_size=settings.get("batch_size"), algorithm=SCATTERED)
-    return [with_prediction(plan, graph, cluster.independent())]
+    plan = Plan(placement=placement, order=order, batch_size=request.batch_size, algorithm=SCATTERED)
+    return [with_prediction(plan, graph, request.cluster.independent())]
 
 
 def weights_after(spec_name: str, door: str | None, planned_seconds: float) -> tuple[list, object]:

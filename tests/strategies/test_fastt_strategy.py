@@ -228,7 +228,7 @@ def test_tf_keras_models_train_the_same():
 
 
 def test_a_planning_failure_warns_once_and_training_goes_on():
-    def broken(*args, **kwargs):
+    def broken(request):
         raise RuntimeError("planner exploded")
 
     x, y = data_for("mlp")

@@ -16,9 +16,6 @@ edges repeat data edges, which Grappler's dependency optimizer drops, so its cou
 way.
 """
 
-import os
-import sys
-
 import keras
 import pytest
 
@@ -26,19 +23,17 @@ import kerasflow
 from kerasflow.planner import heft
 from kerasflow.strategies import Collaborators
 from kerasflow.strategies.readback import fused_kernel_count
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-from _common import first_step_recorder  # noqa: E402
-from profile_zoo import build  # noqa: E402  (the zoo's models: benchmarks/profile_zoo.py)
+from kerasflow.testing.first_step import first_step_recorder
+from kerasflow.testing.testbed_models import build
 
 STEPS = 8  # the plan is made after step 3 (warm-up 2, profile 1) and its first step read back
 OPTIONS = dict(verbose=0, warmup_steps=2, profile_steps=1, drop_slower_plan=False)
 
 
-def heft_with_its_order(graph, cluster, **settings):
+def heft_with_its_order(request):
     """HEFT's plan with its per-device order, whatever the other candidates predict (the
     planner's own ranking drops an order that simulates slower than none)."""
-    return [heft(graph, cluster)]
+    return [heft(request.graph, request.cluster)]
 
 
 def default_fused_kernels(name: str) -> int:

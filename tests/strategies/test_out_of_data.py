@@ -15,9 +15,10 @@ import tensorflow as tf
 from keras import layers
 
 import kerasflow
-from kerasflow.strategies import Collaborators, ScriptedStopwatch
+from kerasflow.strategies import Collaborators
 from kerasflow.strategies.guarded import GuardedTrainFunction
-from tests.rounding import Spread, permuted_rows
+from kerasflow.testing import ScriptedStopwatch
+from kerasflow.testing.rounding import Spread, permuted_rows
 from tests.strategies import paths
 
 EPOCHS = 3
@@ -49,7 +50,7 @@ def unknown_size_data() -> tf.data.Dataset:
 def trained(door: str | None, algorithm: str | None = None, rate: float = 0.3, rows_permuted: bool = False):
     """(model, losses) after ``EPOCHS`` epochs of the MLP with dropout ``rate``: plain Keras
     (``door`` None), or through a door with the plan ``algorithm`` kept; ``rows_permuted``: each
-    batch's rows permuted (``tests/rounding.py``)."""
+    batch's rows permuted (``kerasflow/testing/rounding.py``)."""
     paths.fresh()
     keras.utils.set_random_seed(paths.SEED)
     options = dict(paths.OPTIONS, collaborators=Collaborators(

@@ -2,6 +2,7 @@
 same losses and metrics as one device, and the cases that keep to one replica."""
 
 import collections
+import dataclasses
 import warnings
 
 import keras
@@ -198,8 +199,8 @@ def test_replicas_that_change_the_math_say_so_once(capsys):
     # The planner made to choose data parallelism: on Dropout (allowed by "on") one line names
     # the layer; on BatchNormalization and the classifier, whose replicas keep the math, nothing;
     # on BatchNormalization under "on", whose replicas then keep their own statistics, one line.
-    parts = Collaborators(planner=lambda *args, **kwargs: planning.ranked_plans(
-        *args, **{**kwargs, "candidates": ("data_parallel_replica_statistics", "data_parallel")}))
+    parts = Collaborators(planner=lambda request: planning.ranked_plans(dataclasses.replace(
+        request, candidates=("data_parallel_replica_statistics", "data_parallel"))))
     said = {}
     for name, build, replicated in (("dropped_out", dropped_out, "on"), ("normalized", normalized, "auto"),
                                     ("classifier", classifier, "auto"), ("normalized_on", normalized, "on")):
@@ -240,11 +241,11 @@ def test_a_model_with_its_own_train_step_falls_back_with_the_reason():
 
 
 def test_replicated_takes_auto_on_or_off():
-    assert Options.build(["/CPU:0"], replicated="ON").replicated == "on"
+    assert Options.from_arguments(devices=["/CPU:0"], replicated="ON").replicated == "on"
     for wrong in ("some", False):
         with pytest.raises(KerasflowError, match=rf"replicated must be one of \['auto', 'on', 'off'\]. "
                                                  rf"Received: replicated={wrong!r}"):
-            Options.build(["/CPU:0"], replicated=wrong)
+            Options.from_arguments(devices=["/CPU:0"], replicated=wrong)
 
 
 def test_a_tf_keras_model_falls_back_with_the_reason():

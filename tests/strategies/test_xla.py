@@ -20,8 +20,9 @@ import tensorflow as tf
 import kerasflow
 from kerasflow import _compat
 from kerasflow.devices import LocalGPU
-from kerasflow.strategies import Collaborators, ScriptedStopwatch
+from kerasflow.strategies import Collaborators
 from kerasflow.strategies.xla_step import COMPILING_STEPS, TIMED_STEPS
+from kerasflow.testing import ScriptedStopwatch
 from tests.profiling import models
 from tests.strategies import paths
 

@@ -2,22 +2,22 @@
 
 A cluster's devices are independent unless it says otherwise. Logical CPUs are not: they are
 labels on one host whose cores every op spreads over (TensorFlow's intra-op threads), and whose
-ops run on one pool of inter-op threads. Measured on this project's 2-core machine
-(``benchmarks/logical_cpus.py``): four independent matmul chains spread over four logical CPUs
-took 3.75x one chain, all four on ``/CPU:0`` 3.74x; and an op's kernel time grows with the
-number of ops running beside it. So the simulator runs the tasks of such devices as a shared
-pool with ``lanes`` lanes: while ``k`` of its tasks run, each progresses at ``min(1, lanes / k)``
-of its speed alone, and at most ``threads`` run at once. With TensorFlow's default threading an
-op spreads over every core, so one lane; with one intra-op thread per op, as many lanes as
-cores. A task's cost is its time alone on the pool, which is what the profiler derives from a
-profiled step (``kerasflow.profiling.xplane``). Logical GPUs carved from one GPU share its SMs
-the same way (one lane).
+ops run on one pool of inter-op threads. Measured (``benchmarks/logical_cpus.py``, figures in
+docs/planner.md): four independent matmul chains spread over four logical CPUs take as long as
+all four on ``/CPU:0``, and an op's kernel time grows with the number of ops running beside it.
+So the simulator runs the tasks of such devices as a shared pool with ``lanes`` lanes: while
+``k`` of its tasks run, each progresses at ``min(1, lanes / k)`` of its speed alone, and at
+most ``threads`` run at once. With TensorFlow's default threading an op spreads over every
+core, so one lane; with one intra-op thread per op, as many lanes as cores. A task's cost is
+its time alone on the pool, which is what the profiler derives from a profiled step
+(``kerasflow.profiling.xplane``). Logical GPUs carved from one GPU share its SMs the same way
+(one lane).
 
 The executor's own work around each op (scheduling, allocation: the gap between a profiled
 step's wall time and its kernels, which the profiler spreads over the ops that run) is priced as
 part of the op, on the pool: with it the default placement replays its measured step. Priced
-instead as a delay that takes no core, it made the default placement 19 % faster than measured
-on the testbed MLP (2026-12-05).
+instead as a delay that takes no core, it made the default placement faster than measured
+(docs/planner.md gives the figure).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from ..ir.graphtables import batch_ops, split_groups
 from ..parallel import baselines
 from ..parallel.splitting import splittable_layers
 from ..parallel.ticktock import batch_coupled_ops, tick_tock_data_parallel
-from .planning import strongest_host
+from .candidates import strongest_host
 
 __all__ = ["LowerBound", "lower_bound", "StepTimeBound", "step_time_bound"]
 

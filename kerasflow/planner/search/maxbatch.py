@@ -17,6 +17,7 @@ from ..schedule.listschedule import DEFAULT_MEMORY_HEADROOM, memory_budgets
 from ..parallel import baselines
 from ..parallel.ticktock import pipeline, tick_tock_data_parallel, tick_tock_model_parallel
 from .planning import plan
+from .request import PlanRequest
 
 __all__ = ["max_batch", "MaxBatch", "STRATEGIES"]
 
@@ -43,8 +44,8 @@ class MaxBatch(NamedTuple):
 
 def _fastt(tick_tock: str, split: bool):
     def make(graph, cluster, batch, memory_limit, memory_headroom):
-        return plan(graph, cluster, batch_size=batch, split=split, tick_tock=tick_tock,
-                    memory_limit=memory_limit, memory_headroom=memory_headroom)
+        return plan(PlanRequest(graph, cluster, batch_size=batch, split=split, tick_tock=tick_tock,
+                                memory_limit=memory_limit, memory_headroom=memory_headroom))
     return make
 
 

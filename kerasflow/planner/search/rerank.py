@@ -1,8 +1,8 @@
 """Re-ranks the runners-up of a plan once that plan's step has been measured.
 
 The simulator can be wrong about a whole kind of plan at once: on logical CPUs that share
-a machine's cores, data parallelism of a model of many small ops measured 1.7x to 1.8x its
-prediction on the CPU testbed's LSTM (2026-12-03), and its one-copy variant with it.
+a machine's cores, data parallelism of a model of many small ops, and its one-copy variant with
+it, measured far slower than predicted (docs/planner.md gives the figures).
 A measured step says how far the cost model was off for the plan's kind, so the predictions
 of the plans of that kind (those that replicate the step, or those that do not) are scaled by
 the measured plan's measured / predicted ratio; the other kind's predictions stand, the

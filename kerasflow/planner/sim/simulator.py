@@ -5,13 +5,12 @@ the ready task of smallest priority first. A tensor crossing devices occupies it
 directed link for ``latency + bytes / bandwidth``, one transfer at a time per link, and is
 sent once per destination device. The all-reduce ring of data parallelism is one more
 resource. Devices that share compute (``Cluster.shared``: logical CPUs of one host) share it
-between the tasks running on them (``sharedloop``). The result is deterministic: the same
+between the tasks running on them (``sharedpools``). The result is deterministic: the same
 inputs give the same figures.
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import math
 from dataclasses import dataclass, field
@@ -26,8 +25,9 @@ from ..ir.cluster import Cluster
 from ..ir.graph import OpGraph
 from ..ir.plan import Plan
 from .ring import gather_transfers
-from .sharedloop import run_shared
-from .taskgraph import TaskGraph, build_task_graph, queued_tasks
+from .eventloop import EventLoop, exclusive
+from .sharedpools import shared_pools
+from .taskgraph import TaskGraph, build_task_graph
 from .tasknames import replica_template
 
 __all__ = ["simulate", "simulate_tasks", "run_task_graph", "SimulationResult", "Transfer", "Collective",
@@ -270,141 +270,14 @@ def step_overhead(graph: OpGraph) -> float:
 
 def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True,
                    deadline: float = math.inf) -> SimulationResult | None:
-    """Runs an expanded ``TaskGraph`` (see ``simulate``); devices that share compute are run by
-    ``sharedloop.run_shared``. None once the clock passes ``deadline`` while the start order still
-    replays this run (never on shared compute): events come in time order, so the step ends after it."""
-    if cluster.shared:
-        start, end, transfers, dispatched = run_shared(tg, cluster)
-        return _finished(tg, start, end, transfers, dispatched, memory, replays=False)
-    n = len(tg)
-    num_devices = len(tg.devices)
-    resource = tg.resource
-    duration = tg.duration
-    outputs = tg.outputs
-    priority = tg.priority
-    latency = cluster.latency_matrix
-    inverse_bw = cluster.inverse_bandwidth_matrix
-    orders = list(tg.orders) + [None]
-    queued = queued_tasks(tg)
-    missing = list(tg.npreds)
-    ready_at = [0.0] * n
-    start = [0.0] * n
-    end = [-1.0] * n
-    is_ready = [False] * n
-    busy = [False] * (num_devices + 1)
-    position = [0] * (num_devices + 1)
-    queues: list[list] = [[] for _ in range(num_devices + 1)]
-    link_free = [[0.0] * num_devices for _ in range(num_devices)]
-    transfers: list[tuple] = []
-    events: list[tuple[float, int, int]] = []
-    push, pop = heapq.heappush, heapq.heappop
-    seq = 0
-    woken: list[int] = []
-    dispatched: list[int] = []  # device tasks in the order they started (ties kept causal)
-    # Per device, its auxiliary copies waiting in its queue; whether an op ever started past one.
-    is_copy = [role != "op" for role in tg.role]
-    copies_waiting = [0] * (num_devices + 1)
-    op_passed_a_copy = False
-
-    def dispatch(r: int, now: float) -> None:
-        nonlocal seq, op_passed_a_copy
-        queue = queues[r]
-        if queue:
-            t = pop(queue)[1]
-            if is_copy[t]:
-                copies_waiting[r] -= 1
-            elif copies_waiting[r]:
-                op_passed_a_copy = True
-        else:
-            order = orders[r]
-            if order is None:
-                return
-            p = position[r]
-            if p >= len(order) or not is_ready[order[p]]:
-                return
-            t = order[p]
-            position[r] = p + 1
-        busy[r] = True
-        start[t] = now
-        dispatched.append(t)
-        seq += 1
-        push(events, (now + duration[t], seq, t))
-
-    def make_ready(c: int, now: float) -> None:
-        nonlocal seq
-        r = resource[c]
-        if r < 0:  # an instant task (a wave barrier) finishes as it becomes ready
-            start[c] = now
-            seq += 1
-            push(events, (now, seq, c))
-        elif queued[c]:
-            push(queues[r], (priority[c], c))
-            copies_waiting[r] += is_copy[c]
-            woken.append(r)
-        else:
-            is_ready[c] = True
-            woken.append(r)
-
-    for t in range(n):
-        if missing[t] == 0:
-            make_ready(t, 0.0)
-    for r in woken:
-        if not busy[r]:
-            dispatch(r, 0.0)
-    woken.clear()
-
-    while events:
-        now, _, t = pop(events)
-        if now > deadline and not op_passed_a_copy:
-            return None
-        if t < 0:  # the inputs of task ~t have arrived
-            make_ready(~t, now)
-        else:
-            end[t] = now
-            src = resource[t]
-            on_device = 0 <= src < num_devices
-            entry_index = -1
-            for k, nbytes, consumers in outputs[t]:
-                entry_index += 1
-                arrivals = None
-                for c in consumers:
-                    dst = resource[c]
-                    if dst == src or dst < 0 or dst >= num_devices or not on_device:
-                        arrival = now
-                    else:
-                        if arrivals is None:
-                            arrivals = {}
-                        arrival = arrivals.get(dst)
-                        if arrival is None:
-                            row = link_free[src]
-                            begin = now if now > row[dst] else row[dst]
-                            arrival = begin + latency[src][dst] + nbytes * inverse_bw[src][dst]
-                            row[dst] = arrival
-                            arrivals[dst] = arrival
-                            transfers.append((t, entry_index, src, dst, begin, arrival, nbytes))
-                    if arrival > ready_at[c]:
-                        ready_at[c] = arrival
-                    left = missing[c] - 1
-                    missing[c] = left
-                    if left == 0:
-                        when = ready_at[c]
-                        if when <= now:
-                            make_ready(c, now)
-                        else:
-                            seq += 1
-                            push(events, (when, seq, ~c))
-            if src >= 0:
-                busy[src] = False
-                woken.append(src)
-        # Devices pick their next task only once every event at this instant is in, so a
-        # choice sees all tasks that became ready at the same time (wave barriers included).
-        if woken and (not events or events[0][0] > now):
-            for r in woken:
-                if not busy[r]:
-                    dispatch(r, now)
-            woken.clear()
-
-    return _finished(tg, start, end, transfers, dispatched, memory, replays=not op_passed_a_copy)
+    """Runs an expanded ``TaskGraph`` (see ``simulate``) in the event loop (``eventloop.EventLoop``).
+    None once the clock passes ``deadline`` while the start order still replays this run (never on
+    shared compute): events come in time order, so the step ends after it."""
+    ran = EventLoop(tg, cluster, shared_pools if cluster.shared else exclusive).run(deadline)
+    if ran is None:
+        return None
+    start, end, transfers, dispatched, replays = ran
+    return _finished(tg, start, end, transfers, dispatched, memory, replays)
 
 
 def _finished(tg: TaskGraph, start, end, transfers, dispatched, memory: bool, replays: bool) -> SimulationResult:

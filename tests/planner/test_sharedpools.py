@@ -5,7 +5,8 @@ import pytest
 from kerasflow.planner import Cluster, DataParallel, Link, OpGraph, Plan, simulate, synthetic
 from kerasflow.planner.ir.machine import SharedCompute
 from kerasflow.planner.search.planning import candidate_plans
-from kerasflow.planner.sim.sharedloop import run_shared
+from kerasflow.planner.sim.eventloop import EventLoop
+from kerasflow.planner.sim.sharedpools import shared_pools
 from kerasflow.planner.sim.simulator import run_task_graph
 from kerasflow.planner.sim.taskgraph import build_task_graph
 from tests.planner.helpers import devices, op
@@ -79,7 +80,7 @@ def test_without_shared_compute_the_loop_gives_the_simulators_timeline(preset):
     plans, _ = candidate_plans(graph, cluster, verbose=0, max_split_evaluations=4)
     for name, plan in plans.items():
         tg = build_task_graph(graph, cluster, plan)
-        start, end, transfers, _ = run_shared(tg, cluster)
+        start, end, transfers, _, _ = EventLoop(tg, cluster, shared_pools).run()
         expected = run_task_graph(tg, cluster, memory=False)
         assert (start, end) == (expected.task_start[:len(tg)], expected.task_end[:len(tg)]), name
         assert len(transfers) == len(expected.transfers), name

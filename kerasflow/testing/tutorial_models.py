@@ -3,7 +3,16 @@
 Each pattern is a ``Pattern``: ``build()`` returns a compiled model (called under whatever
 strategy scope the test opens), ``data()`` returns what the tutorial passes to ``fit`` (a
 ``tf.data`` pipeline with its partial last batch, or arrays) and ``fit_kwargs`` the rest of
-its ``fit`` call. Nothing here knows kerasflow: these are the models a new user brings.
+its ``fit`` call. Nothing here knows kerasflow: these are the models a new user brings, and
+nothing is downloaded. The compatibility suite (``tests/compat``) trains every one plainly and
+through kerasflow (``kerasflow.testing.tutorial_runs``); docs/what-kerasflow-plans.md tabulates them.
+
+Example:
+    >>> from kerasflow.testing.tutorial_models import PATTERNS
+    >>> mlp = next(p for p in PATTERNS if p.name == "dropout_mlp")
+    >>> x, y = mlp.data()
+    >>> x.shape, mlp.build().count_params()
+    ((200, 20), 6154)
 """
 
 from __future__ import annotations
@@ -15,6 +24,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 from keras import layers, ops
+
+__all__ = ["Pattern", "PATTERNS", "SAMPLES", "SWITCH_BATCH", "GAN", "VAE", "gan", "gan_dataset", "vae", "vae_data"]
 
 SAMPLES = 200  # not a multiple of the batch: every pipeline ends in a partial batch
 
@@ -33,15 +44,15 @@ class Pattern:
     callable: bool = True  # it has call(), so evaluate and predict work
     callback_route: bool = True  # also trained through the FastT callback in the test suite
     # Plain Keras itself is not reproducible past rounding over a few epochs: reordering one
-    # batch's rows (the same math) moves MobileNetV2's loss 5 % by its second epoch and 12 % by
-    # its sixth (2026-12-03), so a longer run is compared with it over the first epoch only.
+    # batch's rows (the same math) moves MobileNetV2's loss by percents within a few epochs
+    # (docs/what-kerasflow-plans.md), so a longer run is compared with it over the first epoch only.
     amplifies_rounding: bool = False
     # Its predictions follow rounding though its losses do not: a convolution's bias ahead of
     # BatchNormalization has a gradient of zero in exact arithmetic, which Adam scales from
     # rounding noise to steps of its learning rate. Plain Keras with oneDNN's kernels and without
     # (TF_ENABLE_ONEDNN_OPTS=1 and 0, one process each) trains image_classifier to the same loss
-    # in every digit, but predicts up to 4.2e-4 apart after one epoch, 5.6e-4 after three
-    # (2026-12-04), so its predictions are compared to ten times that.
+    # in every digit, but predicts apart by up to the figure docs/what-kerasflow-plans.md gives,
+    # so its predictions are compared to ten times that.
     predictions_follow_rounding: bool = False
     # It takes only the batch size it was built for (fit_kwargs["batch_size"]), in predict and
     # evaluate too.
