@@ -363,6 +363,12 @@ MUTATIONS = [
              "    Default: frozenset(),", "    Default: frozenset({WarmingUp}),", DRIVER_STATE_TESTS),
     Mutation("a settled plan goes back to its trial", "kerasflow/strategies/driver_state.py",
              "    Planned: frozenset({Default}),", "    Planned: frozenset({Default, InTrial}),", DRIVER_STATE_TESTS),
+    Mutation("a split layer's plan counts as placement-only", "kerasflow/planner/ir/plan.py",
+             "        return not self.splits and self.waves is None and self.data_parallel is None",
+             "        return self.waves is None and self.data_parallel is None",
+             ("tests/compat/test_fine_tuning.py::test_fine_tuning_after_a_recompile_equals_plain_keras[split_head-callback]",)),
+    Mutation("candidates that cannot be tried end in the memory error", "kerasflow/planner/search/planning.py",
+             "    if not lineup.names:\n", "    if False:\n"),
 ]
 
 

@@ -2,6 +2,8 @@
 
 - ``ScriptedStopwatch``: a stopwatch for ``kerasflow.strategies.Collaborators`` that runs every
   step but reports the seconds a test chose, so a plan is kept, replaced or dropped on purpose.
+- ``PlansThatRan``: kerasflow's own stopwatch, noting every plan a step ran on, so that a test
+  in the default configuration knows whether its outputs must equal plain Keras' bit for bit.
 - ``tutorial_models``: Keras models written the way the keras.io tutorials write them, on
   synthetic data (nothing is downloaded).
 - ``tutorial_runs``: one of them trained from one seed by plain Keras or through a kerasflow
@@ -22,6 +24,7 @@ Example:
     ('outputs', 1.0)
 """
 
+from kerasflow.testing.plans_that_ran import PlansThatRan
 from kerasflow.testing.scripted_stopwatch import ScriptedStopwatch
 
-__all__ = ["ScriptedStopwatch"]
+__all__ = ["PlansThatRan", "ScriptedStopwatch"]

@@ -251,6 +251,23 @@ def test_a_model_that_refused_a_smaller_batch_gets_no_plan_that_hands_a_device_f
         plan(refusing, "4xV100-nvlink", batch_size=2 * graph.batch_size, **settings)
 
 
+def test_candidates_that_cannot_be_tried_are_named_with_why_not_reported_as_memory():
+    # Asked for data parallelism alone where replicas are not allowed (the in-fit planner does
+    # so for a model whose samples are coupled), the planner once raised "No strategy fits the
+    # memory ... Details: " with no detail.
+    from kerasflow.planner import synthetic
+
+    graph = synthetic.chain_mlp(layers=2)
+    with pytest.raises(InvalidPlanError, match=r"data_parallel: replicates the step, and the request allows no "
+                                               r"replicas \(replicated=False\).*Received: candidates=\['data_parallel'\]"):
+        plan(graph, "2xK80-pcie", candidates=("data_parallel",), replicated=False, verbose=0)
+    with pytest.raises(InvalidPlanError, match=r"data_parallel_one_host: does not apply to this graph and cluster"):
+        plan(graph, "2xK80-pcie", candidates=("data_parallel_one_host",), verbose=0)
+    # One that can be tried is enough: the others are left out as before.
+    assert plan(graph, "2xK80-pcie", candidates=("data_parallel", "heft"), replicated=False, split=False,
+                tick_tock="off", verbose=0).algorithm == "heft"
+
+
 def test_the_steps_temporary_memory_is_kept_free_on_every_device():
     from kerasflow.planner import synthetic
     from kerasflow.planner.search.planning import candidate_plans

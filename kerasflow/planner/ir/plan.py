@@ -276,6 +276,22 @@ class Plan:
 
     # ------------------------------------------------------------------ queries
     @property
+    def placement_only(self) -> bool:
+        """Whether the plan only places and orders ops: no split layer, no waves, no replicas.
+
+        Such a plan adds no sum in another order: a step under it computes what the default
+        placement computes, bit for bit. Every other plan cuts a batch into parts whose sums it
+        adds up in another order than one device, so it rounds otherwise.
+
+        Example:
+            >>> Plan(placement={"dense/MatMul": "/CPU:1"}).placement_only
+            True
+            >>> Plan(data_parallel=DataParallel(devices=("/CPU:0", "/CPU:1"))).placement_only
+            False
+        """
+        return not self.splits and self.waves is None and self.data_parallel is None
+
+    @property
     def synchronizes_statistics(self) -> bool:
         """Whether the replicas normalize with the whole batch's BatchNormalization statistics: a
         synchronized data-parallel plan without waves (a wave's statistics are its own anyway)."""

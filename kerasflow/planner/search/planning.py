@@ -94,7 +94,9 @@ def candidate_plans(request: PlanRequest | OpGraph | None = None, cluster: Clust
 
     Raises:
         InsufficientMemoryError: no candidate fits the devices' memory.
-        InvalidPlanError: as ``PlanRequest``, or a request given with more arguments.
+        InvalidPlanError: as ``PlanRequest``, a request given with more arguments, or none of
+            the candidates asked for can be tried (none applies, or all replicate the step and
+            ``replicated`` is False).
 
     Example:
         >>> from kerasflow.planner import synthetic
@@ -104,6 +106,11 @@ def candidate_plans(request: PlanRequest | OpGraph | None = None, cluster: Clust
     """
     request = _as_request(request, cluster, settings)
     lineup = _lineup(request)
+    if not lineup.names:
+        raise InvalidPlanError(
+            f"None of the candidates asked for can be tried for this request: {_details(_untried(request, lineup))}. "
+            f"Ask for others (kerasflow.planner.CANDIDATES), or allow what they need. Received: "
+            f"candidates={list(request.candidates)}")
     steps = (len(lineup.names) + (request.max_split_evaluations + 1 if lineup.split else 0)
              + (4 if lineup.waves else 0))
     with progress_bar(steps, "kerasflow: planning", request.verbose) as bar:
@@ -151,6 +158,17 @@ def _lineup(request: PlanRequest) -> _Lineup:
     fewer_rows += ["op_splitting"] * (request.split and len(request.cluster) > 1) + ["waves"] * waves
     return _Lineup(tuple(n for n in names if n not in fewer_rows), False, False,
                    tuple(Misfit(name, why) for name in fewer_rows))
+
+
+def _untried(request: PlanRequest, lineup: _Lineup) -> list[Misfit]:
+    """The candidates asked for that the lineup left out, and why."""
+    def why(candidate) -> str:
+        if not candidate.applies(request):
+            return "does not apply to this graph and cluster"
+        return "replicates the step, and the request allows no replicas (replicated=False)"
+    left_out = [Misfit(name, why(REGISTRY[name])) for name in request.candidates
+                if name not in lineup.names and name not in dict(lineup.misfits)]
+    return left_out + list(lineup.misfits)
 
 
 def _waves_wanted(graph: OpGraph, tick_tock: str) -> bool:
