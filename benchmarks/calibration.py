@@ -25,7 +25,16 @@ no trial on that kind (``kerasflow.strategies.verdict``); a kind never calibrate
 timed.
 
 On 4 logical CPUs (``kerasflow.devices.virtual_cpus(4)``, TensorFlow's default threading), or
-on the GPUs where there are some (``gpu_check.py`` prints this table after its own).
+on the GPUs where there are some (``gpu_check.py`` prints this table after its own), or with
+``--testbed N`` on ``kerasflow.testbed``'s N tasks (one core and one thread each, joined over
+loopback: devices that share no compute), where every plan kind is timed (layer-wise, HEFT,
+CPOP, data parallelism on one copy of the weights, op splitting, Tick-Tock waves), the default
+placement is plain Keras on task 0, ``FastTStrategy()`` runs as a user's does (its trial
+included: "FastTStrategy()" row, what it settled on after it) beside ``plan()``'s pick kept,
+and each model is also timed by plain Keras with TensorFlow's default threading on the whole
+machine, in a process of its own (not alternated: "plain Keras, every core")::
+
+    python benchmarks/calibration.py --testbed 2 --models mlp cnn resnet lstm transformer towers
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 DEFAULT_GAINS = os.path.join(HERE, "..", "kerasflow", "strategies", "trusted_gains.json")
 
-TESTBED = ("mlp", "cnn", "resnet", "lstm", "transformer")
+TESTBED = ("mlp", "cnn", "resnet", "lstm", "transformer", "towers")
 PATTERNS = ("mnist_convnet", "text_transformer", "vae", "subclassed_mlp", "conv1d_weighted")
 KINDS = {  # setup -> (planner candidate, split)
     "single_device": ("single_device", False),
@@ -50,6 +59,16 @@ KINDS = {  # setup -> (planner candidate, split)
     "layerwise_model_parallel": ("layerwise_model_parallel", False),
     "heft": ("heft", False),
     "heft+split": ("heft", True),
+}
+# On independent devices (--testbed) every plan kind: a task-spanning data parallelism keeps one copy
+# of the weights (each task runs the step on its rows, the gradients summed where the weights live).
+TESTBED_KINDS = {
+    "layerwise_model_parallel": ("layerwise_model_parallel", False),
+    "heft": ("heft", False),
+    "cpop": ("cpop", False),
+    "one_copy_data_parallel": ("one_copy_data_parallel", False),
+    "heft+split": ("heft", True),
+    "tick_tock_model_parallel": ("tick_tock_model_parallel", False),
 }
 SETTLED = 1  # steps left out at the start of each round's fit (the iterator's first batch)
 
@@ -105,26 +124,31 @@ def model_and_data(name: str, keras):
     return model, x, y, batch
 
 
-def devices() -> list[str]:
-    """The devices to plan over, set up before TensorFlow starts: the GPUs (one split into two
-    logical GPUs, as ``gpu_check.py`` does), else 4 logical CPUs with TensorFlow's default threading."""
+def devices(testbed: int = 0) -> tuple[list[str], object]:
+    """The devices to plan over and the cluster to plan them for (None: the strategy's own), set up
+    before TensorFlow starts: ``testbed`` tasks of ``kerasflow.testbed``; else the GPUs (one split
+    into two logical GPUs, as ``gpu_check.py`` does), else 4 logical CPUs with TensorFlow's default
+    threading."""
+    import kerasflow
+
+    if testbed:
+        started = kerasflow.testbed.start(tasks=testbed)
+        return started.devices, started.cluster
     import tensorflow as tf
 
     if tf.config.list_physical_devices("GPU"):
         from _common import devices as gpus
 
-        return gpus(4096)[1]
-    import kerasflow
-
-    return kerasflow.devices.virtual_cpus(4)
+        return gpus(4096)[1], None
+    return kerasflow.devices.virtual_cpus(4), None
 
 
-def worker(name: str, rounds: int, steps: int) -> dict:
+def worker(name: str, rounds: int, steps: int, testbed: int = 0) -> dict:
     import dataclasses
 
     import kerasflow
 
-    planned_on = devices()
+    planned_on, cluster = devices(testbed)
     import keras
     import numpy as np
     import tensorflow as tf
@@ -134,31 +158,39 @@ def worker(name: str, rounds: int, steps: int) -> dict:
     from kerasflow.strategies import Collaborators
 
     defaults: list[float] = []
+    kinds = TESTBED_KINDS if testbed else KINDS
+    on = {"devices": planned_on, "cluster": cluster} if testbed else {}
 
     def forced(kind):
-        candidate, split = KINDS[kind]
+        candidate, split = kinds[kind]
+        waves = candidate.startswith(("one_copy", "tick_tock"))
 
         def planner(request):
             defaults.append(baselines.default_placement(request.graph, request.cluster).predicted_step_time)
-            plans, _ = candidate_plans(PlanRequest(request.graph, request.cluster, split=split, candidates=(candidate,),
-                                                   tick_tock="off", replicated=request.replicated, verbose=0,
-                                                   max_split_evaluations=8))
+            plans, _ = candidate_plans(PlanRequest(request.graph, request.cluster, split=split,
+                                                   candidates=("heft",) if waves else (candidate,),
+                                                   tick_tock="on" if waves else "off", replicated=request.replicated,
+                                                   verbose=0, max_split_evaluations=8))
             if kind not in plans and not (candidate in plans and not split):
                 raise LookupError(f"no {kind} plan for this model")
             return [dataclasses.replace(plans[kind if kind in plans else candidate], algorithm=kind)]
         return planner
 
-    setups = {"default": None, **{k: forced(k) for k in KINDS}, "plan()": "own"}
+    setups = {"default": None, **{k: forced(k) for k in kinds}, "plan()": "own"}
+    if testbed:
+        setups["FastTStrategy()"] = "user"
     models, strategies = {}, {}
     for setup, planner in setups.items():
         keras.utils.set_random_seed(0)
         if planner is None:
             strategy = tf.distribute.get_strategy()
+        elif planner == "user":
+            strategy = kerasflow.FastTStrategy(verbose=0, **on)
         elif planner == "own":
-            strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False)
+            strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False, **on)
         else:
             strategy = kerasflow.FastTStrategy(verbose=0, drop_slower_plan=False,
-                                               collaborators=Collaborators(planner=planner))
+                                               collaborators=Collaborators(planner=planner), **on)
         with strategy.scope():
             models[setup], x, y, batch = model_and_data(name, keras)
         strategies[setup] = strategy
@@ -178,15 +210,17 @@ def worker(name: str, rounds: int, steps: int) -> dict:
         return list(np.diff([started] + ends))
 
     result = {"model": name, "batch": batch, "setups": {}, "kind": kerasflow.devices.device_kind(planned_on[0])}
-    usable = []
-    for setup in setups:  # round 0: profile, plan, retrace
+    usable, one_time = [], {}
+    for setup in setups:  # round 0: profile, plan, retrace (a user's FastTStrategy: its trial too)
+        started = time.perf_counter()
         try:
-            fit(setup, 10)
+            first = fit(setup, 24 if setup == "FastTStrategy()" else 10)
         except Exception as error:  # noqa: BLE001 - a kind this model has no plan of
             result["setups"][setup] = {"error": str(error).splitlines()[0][:120]}
             continue
+        one_time[setup] = time.perf_counter() - started - len(first) * statistics.median(first)
         strategy = strategies[setup]
-        if setup != "default":
+        if setup not in ("default", "FastTStrategy()"):
             report = strategy.report
             if "plan_dropped" in report or report.get("algorithm") is None:
                 result["setups"][setup] = {"error": report.get("plan_dropped") or "no plan"}
@@ -201,10 +235,42 @@ def worker(name: str, rounds: int, steps: int) -> dict:
         report = strategies[setup].report if setup != "default" else {}
         predicted = default_predicted if setup == "default" else report.get("predicted_step_time")
         entry = {"measured": statistics.median(measured[setup]), "predicted": predicted}
+        if os.environ.get("KERASFLOW_CALIBRATION_SAVE") and setup != "default" and strategies[setup].plan is not None:
+            folder = os.path.join(os.environ["KERASFLOW_CALIBRATION_SAVE"], name, setup.replace("/", "_"))
+            os.makedirs(folder, exist_ok=True)
+            strategies[setup].profile.save(os.path.join(folder, "profile.json"))
+            strategies[setup].plan.save(os.path.join(folder, "plan.json"))
+            strategies[setup].cluster.save(os.path.join(folder, "cluster.json"))
         if setup == "plan()":
             entry["pick"] = report.get("algorithm")
+        if setup == "FastTStrategy()":
+            entry["pick"] = report.get("algorithm") if strategies[setup].plan_in_force else "the default placement"
+            entry["predicted"] = None  # what it runs after its trial: a plan or the default placement
+            entry["one_time"] = one_time[setup]
         result["setups"][setup] = entry
     return result
+
+
+def whole_machine(name: str, steps: int) -> dict:
+    """Plain Keras with TensorFlow's default threading on every core (no testbed): its median step."""
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    model, x, y, batch = model_and_data(name, keras)
+    repeats = -(-(steps + 5) * batch // len(x))
+    xs, ys = np.concatenate([x] * repeats), np.concatenate([y] * repeats)
+    model.fit(xs[:5 * batch], ys[:5 * batch], batch_size=batch, epochs=1, verbose=0, shuffle=False)
+    ends = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, index, logs=None):
+            ends.append(time.perf_counter())
+
+    started = time.perf_counter()
+    model.fit(xs[:steps * batch], ys[:steps * batch], batch_size=batch, epochs=1, verbose=0, shuffle=False,
+              callbacks=[Clock()])
+    return {"measured": statistics.median(np.diff([started] + ends)[SETTLED:])}
 
 
 def worst_ratio(results: list[dict]) -> float | None:
@@ -253,19 +319,26 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--write-trusted-gain", nargs="?", metavar="PATH", const=DEFAULT_GAINS,
                         help="record the device kind's trusted gain (default file: kerasflow/strategies/trusted_gains.json)")
+    parser.add_argument("--testbed", type=int, default=0, metavar="N",
+                        help="on kerasflow.testbed's N tasks (a core and a thread each) instead")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--whole-machine", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
+    if args.worker or args.whole_machine:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         sys.path.insert(0, HERE)
-        print("RESULT " + json.dumps(worker(args.worker, args.rounds, args.steps)), flush=True)
-        return 0
+        result = (worker(args.worker, args.rounds, args.steps, args.testbed) if args.worker
+                  else whole_machine(args.whole_machine, args.steps * args.rounds))
+        print("RESULT " + json.dumps(result), flush=True)
+        sys.stdout.flush()
+        os._exit(0)  # a testbed's chief: its workers stop with it
     from _common import format_table, machine
 
     rows, summary, within, results = [], [], [], []
     for name in args.models:
         out = subprocess.run([sys.executable, __file__, "--worker", name, "--rounds", str(args.rounds),
-                              "--steps", str(args.steps)], capture_output=True, text=True, cwd=HERE)
+                              "--steps", str(args.steps), "--testbed", str(args.testbed)],
+                             capture_output=True, text=True, cwd=HERE)
         line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
         if line is None:
             print(f"{name} failed:\n{out.stderr[-3000:]}", flush=True)
@@ -273,36 +346,49 @@ def main(argv=None) -> int:
         result = json.loads(line[7:])
         results.append(result)
         setups = result["setups"]
+        if args.testbed:
+            whole = subprocess.run([sys.executable, __file__, "--whole-machine", name, "--rounds", str(args.rounds),
+                                    "--steps", str(args.steps)], capture_output=True, text=True, cwd=HERE)
+            line = next((l for l in whole.stdout.splitlines() if l.startswith("RESULT ")), None)
+            if line is not None:
+                setups["plain Keras, every core"] = json.loads(line[7:])
         priced = {s: e for s, e in setups.items() if "measured" in e and e.get("predicted")}
+        default = setups.get("default", {}).get("measured")
         for setup, entry in setups.items():
             if "error" in entry:
-                rows.append([name, setup, "", "", entry["error"][:60]])
+                rows.append([name, setup, "", "", "", entry["error"][:60]])
                 continue
             error = entry["predicted"] / entry["measured"] - 1 if entry.get("predicted") else None
             if error is not None and setup != "plan()":
                 within.append(abs(error) <= 0.10)
-            label = f"plan() -> {entry['pick']}" if setup == "plan()" else setup
+            label = f"{setup} -> {entry['pick']}" if "pick" in entry else setup
+            if "one_time" in entry:
+                label += f" (one-time {entry['one_time']:.1f} s)"
             rows.append([name, label, f"{entry['predicted'] * 1e3:.2f}" if entry.get("predicted") else "",
-                         f"{entry['measured'] * 1e3:.2f}", f"{error * 100:+.0f}%" if error is not None else ""])
+                         f"{entry['measured'] * 1e3:.2f}", f"{default / entry['measured']:.2f}x" if default else "",
+                         f"{error * 100:+.0f}%" if error is not None else ""])
             print(" | ".join(rows[-1]), flush=True)
         kinds = [s for s in priced if s != "plan()"]
         rho = spearman([priced[s]["predicted"] for s in kinds], [priced[s]["measured"] for s in kinds])
-        best = min(e["measured"] for s, e in setups.items() if "measured" in e)
+        best = min(e["measured"] for s, e in setups.items() if "measured" in e and s in priced)
         pick = setups.get("plan()", {})
         pick_gap = pick["measured"] / best - 1 if "measured" in pick else None
         summary.append([name, f"{rho:.2f}" if rho is not None else "", f"{pick.get('pick', '')}",
                         f"{pick_gap * 100:+.1f}%" if pick_gap is not None else ""])
     print()
+    where = (f"kerasflow.testbed's {args.testbed} tasks (a core and a thread each, over loopback)" if args.testbed
+             else "4 logical CPUs")
     print(f"Predicted against measured step time (ms), medians of {args.rounds} alternating rounds of "
-          f"{args.steps} steps, 4 logical CPUs ({machine()})")
-    print(format_table(["model", "setup", "predicted", "measured", "error"], rows))
+          f"{args.steps} steps, {where} ({machine()})")
+    print(format_table(["model", "setup", "predicted", "measured", "vs default", "error"], rows))
     print()
     print(format_table(["model", "rank correlation", "plan() picks", "its step vs the best measured"], summary))
     print(f"\ncells within +-10 %: {sum(within)} of {len(within)}")
     worst = worst_ratio(results)
     if args.write_trusted_gain and worst is not None:
         kind = results[0]["kind"]
-        when = f"{time.strftime('%Y-%m-%d')}, benchmarks/calibration.py on {kind} ({machine()})"
+        run = "benchmarks/calibration.py" + (f" --testbed {args.testbed}" if args.testbed else "")
+        when = f"{time.strftime('%Y-%m-%d')}, {run} on {kind} ({machine()})"
         write_trusted_gain(args.write_trusted_gain, kind, worst, when)
         print(f"{kind}: worst measured / predicted step of a plan {worst:.2f}x; trusted gain {worst - 1:.2f} "
               f"written to {args.write_trusted_gain}")

@@ -28,6 +28,7 @@ __all__ = [
     "callbacks",
     "devices",
     "multihost",
+    "testbed",
     "FastTStrategy",
     "OpGraph",
     "Cluster",
@@ -36,7 +37,7 @@ __all__ = [
     *_errors.__all__,
 ]
 
-_LAZY_SUBPACKAGES = ("profiling", "strategies", "callbacks", "devices", "multihost")
+_LAZY_SUBPACKAGES = ("profiling", "strategies", "callbacks", "devices", "multihost", "testbed")
 
 
 def __getattr__(name):

@@ -6,6 +6,7 @@ Everything else in kerasflow asks these functions instead of testing module name
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 import tensorflow as tf
@@ -14,15 +15,15 @@ from kerasflow.planner.errors import KerasflowError
 
 __all__ = [
     "flavor", "is_keras_model", "variable_handle", "variable_path", "model_variables",
-    "optimizer_names", "all_optimizers", "reindex_optimizers", "print_line", "fit_verbosity",
-    "optimizer_variables", "metric_variables", "all_layers", "uses_jit", "disable_jit", "is_compiled",
-    "strategy_scope", "run_step", "has_own_train_step",
-    "model_of_step_function", "compute_loss", "track_loss", "step_metrics", "can_move_variables",
-    "is_batch_normalization", "can_read_weights_per_copy",
+    "optimizer_names", "all_optimizers", "optimizer_state", "keyed_by", "reindex_optimizers", "print_line",
+    "fit_verbosity", "optimizer_variables", "metric_variables", "all_layers", "uses_jit", "disable_jit", "is_compiled",
+    "strategy_scope", "run_step", "op_determinism", "graph_mode", "TfKerasCallbackHooks", "GRAPH_MODE_LINE",
+    "has_own_train_step", "model_of_step_function", "compute_loss", "track_loss", "step_metrics",
+    "can_move_variables", "is_batch_normalization", "can_read_weights_per_copy",
     "weights_read_here", "override", "overridden", "is_movable", "backing_variable", "set_backing_variable",
-    "forget_traced_functions", "on_fit_end", "loss_trackers_counting", "custom_gradients_forgotten",
-    "registered_custom_gradients", "moving_statistics_kept", "build_when_traced_under", "compiled_losses",
-    "unpack_x_y_sample_weight",
+    "forget_traced_functions", "one_replica_sums_forwarded", "watch_fits", "on_fit_end", "loss_trackers_counting",
+    "custom_gradients_forgotten", "registered_custom_gradients", "moving_statistics_kept", "build_when_traced_under",
+    "compiled_losses", "unpack_x_y_sample_weight",
 ]
 
 try:  # tf-keras is optional (the `legacy` extra)
@@ -121,17 +122,62 @@ def optimizer_variables(model: Any) -> list:
     return found
 
 
+def _wrapped(optimizer: Any) -> list:
+    """``optimizer`` and every optimizer it wraps (a ``LossScaleOptimizer``'s inner one), outermost first."""
+    chain = [optimizer]
+    while _is_optimizer(getattr(chain[-1], "inner_optimizer", None)):
+        chain.append(chain[-1].inner_optimizer)
+    return chain
+
+
+def optimizer_state(optimizer: Any) -> list:
+    """The variables a Keras 3 optimizer's update writes (slots, iteration counts, a loss scale's
+    state): all its variables and its wrapped ones' but the learning rates, which the update
+    only reads (Keras keeps no other setting in a variable)."""
+    rates = {id(o._learning_rate) for o in _wrapped(optimizer) if isinstance(getattr(o, "_learning_rate", None),
+                                                                              _keras.Variable)}
+    return [v for v in optimizer.variables if id(v) not in rates]
+
+
+@contextlib.contextmanager
+def keyed_by(optimizer: Any, own: Any):
+    """While inside, a Keras 3 optimizer (and every one it wraps) knows each variable by the key of
+    ``own(tf_variable)``, the TensorFlow variable it keyed its slots and settings by (slot
+    indices, the variables excluded from weight decay): its update can be traced on other copies
+    of its variables."""
+    chained = []
+    for wrapped in _wrapped(optimizer):
+        key = type(wrapped)._var_key.__get__(wrapped)
+
+        def keyed(variable, key=key):
+            return key(own(variable._value if is_movable(variable) else variable))
+
+        chained.append((wrapped, override(wrapped, "_var_key", keyed)))
+    try:
+        yield
+    finally:
+        for wrapped, previous in chained:
+            override(wrapped, "_var_key", previous)
+
+
 def reindex_optimizers(model: Any) -> None:
-    """Rebuilds each Keras 3 optimizer's index of its variables after their TensorFlow variables
-    were swapped (the index is keyed by the TensorFlow variable)."""
+    """Rebuilds what each Keras 3 optimizer keys by TensorFlow variable after the TensorFlow variables
+    behind its Keras ones were swapped: the index of its slots, and the variables excluded from weight
+    decay (``exclude_from_weight_decay(var_list=...)``), whose cached answers it then forgets."""
     for optimizer in all_optimizers(model):
         indices = getattr(optimizer, "_trainable_variables_indices", None)
         variables = getattr(optimizer, "_trainable_variables", None)
         if indices is None or variables is None:
             continue
+        new_keys = [optimizer._var_key(variable) for variable in variables]
+        excluded = getattr(optimizer, "_exclude_from_weight_decay", None)
+        if excluded:
+            optimizer._exclude_from_weight_decay = {new_keys[indices[key]] if key in indices else key
+                                                    for key in excluded}
+        if hasattr(optimizer, "_exclude_from_weight_decay_cache"):
+            optimizer._exclude_from_weight_decay_cache = {}
         indices.clear()
-        for i, variable in enumerate(variables):
-            indices[optimizer._var_key(variable)] = i
+        indices.update({key: i for i, key in enumerate(new_keys)})
 
 
 def print_line(line: str) -> None:
@@ -211,6 +257,42 @@ def set_jit(model: Any, on: bool) -> None:
         model._jit_compile = on
 
 
+def graph_mode() -> bool:
+    """Whether TensorFlow runs TF1-style graphs (``tf.compat.v1.disable_eager_execution()`` or
+    ``disable_v2_behavior()``): tf-keras then trains with its v1 loop, which never calls a
+    strategy's ``run`` nor runs a step kerasflow can wrap."""
+    return not tf.compat.v1.executing_eagerly_outside_functions()
+
+
+class TfKerasCallbackHooks:
+    """What tf-keras' ``CallbackList`` asks of a callback beyond what Keras 3's ``Callback`` has: a
+    Keras 3 callback with these is given tf-keras models' train-batch hooks too."""
+
+    _supports_tf_logs = False
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return True
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return False
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return False
+
+
+GRAPH_MODE_LINE = ("kerasflow: TensorFlow runs TF1-style graphs (tf.compat.v1.disable_eager_execution() or "
+                   "disable_v2_behavior()), where tf-keras trains with its v1 loop, which kerasflow cannot join: "
+                   "{what}, with nothing profiled or planned. Leave eager execution on to plan.")
+
+
+def op_determinism() -> bool:
+    """Whether TensorFlow's op determinism is on (``tf.config.experimental.enable_op_determinism()``,
+    which ``keras.utils.set_random_seed`` does not switch on by itself)."""
+    from tensorflow.python.framework import config
+
+    return config.is_op_determinism_enabled()
+
+
 def xla_by_default(model: Any, gpus: list) -> bool:
     """True when Keras would compile ``model``'s step with XLA by itself: Keras 3 resolves
     ``jit_compile="auto"`` to XLA on a host with a GPU (``gpus``, as ``devices.local_gpus()``)
@@ -242,16 +324,43 @@ def _is_default(strategy: Any) -> bool:
 
 
 def run_step(model: Any, data: Any):
-    """Runs ``model.train_step(data)`` the way ``fit`` does: in its strategy's replica context."""
+    """Runs ``model.train_step(data)`` the way ``fit`` does: in its strategy's replica context, the
+    only replica's sums forwarded as a planned step has them (``one_replica_sums_forwarded``)."""
     strategy = getattr(model, "distribute_strategy", None)
-    if strategy is None or not isinstance(strategy, tf.distribute.Strategy) or _is_default(strategy):
-        return model.train_step(data)
 
     def step(batch):
-        return model.train_step(batch)
+        with one_replica_sums_forwarded():
+            return model.train_step(batch)
+
+    if strategy is None or not isinstance(strategy, tf.distribute.Strategy) or _is_default(strategy):
+        return step(data)
 
     step._kerasflow_internal = True  # FastTStrategy must not take this for the user's fit
     return strategy.run(step, args=(data,))
+
+
+class _OneReplicaContext(tf.distribute.ReplicaContext):
+    """The replica context of a strategy's only replica, whose all-reduce returns its values."""
+
+    def all_reduce(self, reduce_op, value, options=None):
+        return value  # the sum, or mean, over one replica: the values themselves, bit for bit
+
+
+@contextlib.contextmanager
+def one_replica_sums_forwarded():
+    """While inside (a trace of the training step), an all-reduce over the only replica returns
+    its values as they are. Both Keras' optimizers sum the gradients across replicas first
+    (``get_replica_context().all_reduce``), which TensorFlow wraps in a custom gradient: one
+    ``IdentityN`` op that takes every gradient and hands it on. With one replica that sum changes
+    nothing, but a plan has to put that one op on one device, and every gradient computed
+    elsewhere would go there and back (a 4 MiB gradient twice over a 1.4 GB/s link: 6 ms a step).
+    """
+    current = tf.distribute.get_replica_context()
+    if current is None or current.num_replicas_in_sync != 1:
+        yield
+        return
+    with _OneReplicaContext(current.strategy, replica_id_in_sync_group=0):
+        yield
 
 
 @contextlib.contextmanager
@@ -519,25 +628,50 @@ def forget_traced_functions(model: Any) -> None:
             override(model, name, None)
 
 
-def on_fit_end(model: Any, hook) -> bool:
-    """Calls ``hook()`` at the end of each ``fit`` of ``model`` from now on, before the
-    callbacks' ``on_train_end``: both Keras call the optimizer's ``finalize_variable_values``
-    there, once the epochs are over. Returns False (nothing installed) for a model without
-    one Keras optimizer (a GAN compiled with its own): its caller settles later.
+_FIT_END_HOOKS = "_kerasflow_fit_end_hooks"  # on a model: what runs when each of its fits ends
+
+
+def watch_fits() -> None:
+    """Wraps ``fit`` of every Keras model (Keras 3's, and tf-keras' when installed) so that the hooks
+    ``on_fit_end`` gave a model run when each of its fits ends, normally or by an exception (Keras
+    calls no callback when ``fit`` raises). Idempotent; made before any ``fit`` kerasflow joins,
+    since a ``fit`` already running keeps the method it started with.
     """
-    optimizer = getattr(model, "optimizer", None)
-    finalize = getattr(optimizer, "finalize_variable_values", None)
-    if finalize is None or getattr(finalize, "_kerasflow_hooked", False):
-        return finalize is not None
-    own = type(optimizer).finalize_variable_values.__get__(optimizer)
+    from keras.src.backend.tensorflow import trainer as tensorflow_trainer
 
-    def finalize_then_hook(variables):
-        own(variables)
-        hook()
+    owners = [tensorflow_trainer.TensorFlowTrainer]
+    if _tf_keras is not None:
+        from tf_keras.src.engine import training as tf_keras_training
 
-    finalize_then_hook._kerasflow_hooked = True
-    override(optimizer, "finalize_variable_values", finalize_then_hook)
-    return True
+        owners.append(tf_keras_training.Model)
+    for owner in owners:
+        own = owner.__dict__["fit"]
+        if getattr(own, "_kerasflow_watched", False):
+            continue
+
+        @functools.wraps(own)
+        def fit(self, *args, own=own, **kwargs):
+            try:
+                return own(self, *args, **kwargs)
+            finally:
+                for hook in list(self.__dict__.get(_FIT_END_HOOKS, ())):
+                    hook(self)
+
+        fit._kerasflow_watched = True
+        setattr(owner, "fit", fit)
+
+
+def on_fit_end(model: Any, hook) -> None:
+    """Calls ``hook(model)`` whenever a ``fit`` of ``model`` ends from now on, normally or by an
+    exception, after Keras' own end of ``fit`` (``watch_fits``, which must have been called
+    first). Adding a hook twice adds it once; a hook must not raise.
+    """
+    hooks = model.__dict__.get(_FIT_END_HOOKS)
+    if hooks is None:
+        hooks = []
+        override(model, _FIT_END_HOOKS, hooks)
+    if hook not in hooks:
+        hooks.append(hook)
 
 
 def build_when_traced_under(strategy_type: type) -> None:

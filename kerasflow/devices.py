@@ -1,12 +1,14 @@
 """Device helpers: logical CPUs for a multi-device testbed, the devices kerasflow uses by default,
 the one spelling of a device name every module compares, the local GPUs as TensorFlow has them
-(kind, memory, the card each is carved from), and the wait for devices that run after the host
-has moved on."""
+(kind, memory, the card each is carved from), the cost kind of every device (declared for
+``kerasflow.testbed``'s), pinning a process to a core, and the wait for devices that run after
+the host has moved on."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 from typing import Sequence
 
@@ -14,11 +16,13 @@ from kerasflow.planner.errors import KerasflowError
 from kerasflow.planner.ir.hardware import DEVICE_SPECS, GiB
 from kerasflow.planner.ir.machine import SharedCompute
 
-__all__ = ["virtual_cpus", "default_devices", "device_kind", "device_memory", "normalize_device",
-           "canonical_device", "known_devices", "task_of", "device_type", "wait_for_devices", "LocalGPU",
-           "describe_gpus", "local_gpus", "shared_cards", "UNKNOWN_DEVICE_MEMORY"]
+__all__ = ["virtual_cpus", "default_devices", "device_kind", "declare_kind", "device_memory", "normalize_device",
+           "canonical_device", "known_devices", "task_of", "device_type", "wait_for_devices", "pin_to_core",
+           "LocalGPU", "describe_gpus", "local_gpus", "shared_cards", "UNKNOWN_DEVICE_MEMORY"]
 
 _DEVICE = re.compile(r"device:([A-Za-z]+):(\d+)$", re.IGNORECASE)
+# Devices whose cost kind was declared (``declare_kind``): a testbed task's CPU is one core.
+_DECLARED_KINDS: dict[str, str] = {}
 
 
 def normalize_device(device: str) -> str:
@@ -239,17 +243,51 @@ def _local_gpu(device: str, gpus: Sequence[LocalGPU] | None) -> LocalGPU | None:
 
 
 def device_kind(device: str, gpus: Sequence[LocalGPU] | None = None) -> str:
-    """The cost kind of a device: ``"CPU"``, or the GPU's (``"H100"``; ``LocalGPU.kind``; ``gpus``:
-    the local GPUs, default ``local_gpus()``).
+    """The cost kind of a device: its declared one (``declare_kind``), else ``"CPU"``, or the
+    GPU's (``"H100"``; ``LocalGPU.kind``; ``gpus``: the local GPUs, default ``local_gpus()``).
 
     Example:
         >>> device_kind("/CPU:1")
         'CPU'
     """
+    declared = _DECLARED_KINDS.get(canonical_device(device))
+    if declared is not None:
+        return declared
     if device_type(device) != "GPU":
         return "CPU"
     gpu = _local_gpu(device, gpus)
     return gpu.kind if gpu is not None else "GPU"
+
+
+def declare_kind(devices: Sequence[str], kind: str) -> None:
+    """From now on in this process, ``devices`` are of cost kind ``kind`` (their profiles, plans
+    and calibration are that kind's): ``kerasflow.testbed`` declares its tasks' CPUs.
+
+    Example:
+        >>> declare_kind(["/job:worker/replica:0/task:7/device:CPU:0"], "CPU-core")
+        >>> device_kind("/job:worker/replica:0/task:7/device:CPU:0")
+        'CPU-core'
+    """
+    for device in devices:
+        _DECLARED_KINDS[canonical_device(device)] = kind
+
+
+def pin_to_core(core: int) -> None:
+    """Runs this process on CPU core ``core`` only: every thread it has, and (as Linux has threads
+    inherit their creator's cores) every thread it starts later, TensorFlow's included.
+
+    Raises:
+        KerasflowError: no such core among those this process may use, or not on Linux.
+
+    Example:
+        >>> pin_to_core(sorted(os.sched_getaffinity(0))[0])  # doctest: +SKIP
+    """
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if core not in allowed:
+        raise KerasflowError(f"This process may run on the cores {allowed} (os.sched_getaffinity; none off Linux). "
+                             f"Received: core={core!r}")
+    for thread in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(thread), {core})
 
 
 def device_memory(device: str, gpus: Sequence[LocalGPU] | None = None) -> int:

@@ -14,6 +14,9 @@ interface whatever address ``TF_CONFIG`` names (TensorFlow offers no bind addres
 can reach the port can run ops on this host, read and write its files. Run workers only on a
 private network, with a firewall that lets only the cluster's hosts reach the port. The chief then runs ``FastTStrategy(cluster_resolver=...)`` and ``fit``.
 ``--virtual-cpus N`` splits the host CPU into N logical devices (to try it on one machine).
+``--core C --threads 1`` pins the task to core C and runs one op at a time there, one thread
+each (a device that shares no compute with the others: ``kerasflow.testbed`` starts its tasks
+so); ``--exit-with PID`` ends the task when process PID is gone (no orphan outlives its chief).
 """
 
 from __future__ import annotations
@@ -31,14 +34,16 @@ import threading
 import time
 from typing import Callable, Iterator
 
-__all__ = ["main", "server_for", "free_ports", "local_cluster", "serve_until_stopped"]
+__all__ = ["main", "server_for", "free_ports", "wait_until_serving", "local_cluster", "serve_until_stopped"]
 
 
-def server_for(config: str | dict, *, cpus: int | None = None, start: bool = True):
+def server_for(config: str | dict, *, cpus: int | None = None, threads: int | None = None, start: bool = True):
     """A ``tf.distribute.Server`` for the task ``config`` (TF_CONFIG's content) names.
 
     ``cpus`` splits the host CPU into that many devices (the server builds its own devices
-    from its session config, not from ``tf.config``'s logical devices).
+    from its session config, not from ``tf.config``'s logical devices); ``threads``: the
+    threads one op may use and the ops that may run at once (TensorFlow's intra- and inter-op
+    parallelism; None: its defaults).
 
     Raises:
         ClusterConnectionError: no ``cluster``/``task``, or a task not in the cluster.
@@ -64,7 +69,11 @@ def server_for(config: str | dict, *, cpus: int | None = None, start: bool = Tru
                                      "task(s).")
     import tensorflow as tf
 
-    session = tf.compat.v1.ConfigProto(device_count={"CPU": cpus}) if cpus else None
+    session = tf.compat.v1.ConfigProto()
+    if cpus:
+        session.device_count["CPU"] = cpus
+    if threads:
+        session.intra_op_parallelism_threads = session.inter_op_parallelism_threads = threads
     return tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
                                 protocol=config.get("rpc_layer") or "grpc", config=session, start=start)
 
@@ -86,9 +95,13 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def _wait_until_serving(process: subprocess.Popen, timeout: float) -> None:
-    """Waits for the worker's "serving on" line; a thread then drains its output to the end,
-    so a chatty worker never blocks on a full pipe."""
+def wait_until_serving(process: subprocess.Popen, timeout: float) -> None:
+    """Waits for a worker process's "serving on" line; a thread then drains its output to the end,
+    so a chatty worker never blocks on a full pipe.
+
+    Raises:
+        ClusterConnectionError: it did not serve within ``timeout`` seconds (its output said).
+    """
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout] + [lines.put(None)],
                      daemon=True).start()
@@ -139,7 +152,7 @@ def local_cluster(workers: int = 2, *, virtual_cpus: int = 2, timeout: float = 1
                 env=dict(environment, TF_CONFIG=config), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True))
         for process in processes:
-            _wait_until_serving(process, timeout)
+            wait_until_serving(process, timeout)
         yield cluster
     finally:
         for process in processes:
@@ -157,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--virtual-cpus", type=int, default=None, metavar="N",
                         help="split this host's CPU into N logical devices")
     parser.add_argument("--tf-config", default=None, help="the TF_CONFIG JSON (default: the environment's)")
+    parser.add_argument("--core", type=int, default=None, metavar="C", help="run on this CPU core only")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="threads one op may use, and ops that may run at once (default: TensorFlow's)")
+    parser.add_argument("--exit-with", type=int, default=None, metavar="PID",
+                        help="stop when process PID is gone")
     args = parser.parse_args(argv)
     raw = args.tf_config or os.environ.get("TF_CONFIG")
     if not raw:
@@ -168,21 +186,27 @@ def main(argv: list[str] | None = None) -> int:
     from kerasflow.planner.errors import KerasflowError
 
     try:
+        if args.core is not None:
+            from kerasflow.devices import pin_to_core
+
+            pin_to_core(args.core)  # before TensorFlow makes its thread pools: they inherit the core
         config = parse_tf_config(raw)
-        server = server_for(config, cpus=args.virtual_cpus)
-    except KerasflowError as error:
+        server = server_for(config, cpus=args.virtual_cpus, threads=args.threads)
+    except (KerasflowError, OSError) as error:
         print(f"kerasflow.worker: {error}", file=sys.stderr)
         return 2
     task = config["task"]
     print(f"kerasflow.worker: warning: {exposure_warning(server.target)}", file=sys.stderr, flush=True)
     serving = f"kerasflow.worker: {task['type']}:{task.get('index', 0)} serving on {server.target}"
-    serve_until_stopped(announce=lambda: print(serving, flush=True))
+    serve_until_stopped(announce=lambda: print(serving, flush=True), exit_with=args.exit_with)
     print("kerasflow.worker: stopped", flush=True)
     return 0
 
 
-def serve_until_stopped(announce: Callable[[], None] = lambda: None, poll_seconds: float = 0.2) -> None:
-    """Blocks until SIGTERM or Ctrl-C (SIGINT) arrives; the server stops with the process.
+def serve_until_stopped(announce: Callable[[], None] = lambda: None, poll_seconds: float = 0.2,
+                        exit_with: int | None = None) -> None:
+    """Blocks until SIGTERM or Ctrl-C (SIGINT) arrives, or process ``exit_with`` is gone; the
+    server stops with the process.
 
     ``tf.distribute.Server.join()`` blocks in native code, where Python's signal handlers never
     run, so this waits in Python instead. ``announce`` runs once the handlers are in place: a
@@ -197,7 +221,23 @@ def serve_until_stopped(announce: Callable[[], None] = lambda: None, poll_second
         signal.signal(number, lambda *_: stop.set())
     announce()
     while not stop.wait(poll_seconds):
-        pass
+        if exit_with is not None and not _alive(exit_with):
+            return
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (one that exited and was not yet reaped counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # Linux shows an exited, unreaped process as a zombie ("Z")
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 if __name__ == "__main__":

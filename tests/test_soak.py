@@ -21,6 +21,7 @@ def test_the_schedule_takes_every_path_through_both_doors():
     assert {door for _, door, forced in soak.schedule(4, with_kerasflow=False)} == {None}
 
 
+@pytest.mark.slow  # forty seconds on two cores
 def test_three_fits_and_a_planned_one_leave_nothing_behind():
     left = soak.soak(fits=3, epochs=2, with_kerasflow=True)
     assert left.threads_left == []

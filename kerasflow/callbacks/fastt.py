@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import keras
 
+from kerasflow import _compat
 from kerasflow.planner import Cluster, Plan
 from kerasflow.strategies.collaborators import Collaborators
 from kerasflow.strategies.driver import Driver
@@ -15,7 +17,7 @@ from kerasflow.strategies.plan_report import PlanReport
 __all__ = ["FastT"]
 
 
-class FastT(keras.callbacks.Callback):
+class FastT(keras.callbacks.Callback, _compat.TfKerasCallbackHooks):
     """Profiles, plans and rebuilds the training step inside an existing ``fit`` call.
 
     The same loop as ``FastTStrategy`` (warm-up steps, profiled steps, the plan, the rebuild),
@@ -33,7 +35,7 @@ class FastT(keras.callbacks.Callback):
 
     Args: as for ``FastTStrategy`` (``devices``, ``cluster``, ``plan``, ``warmup_steps``,
         ``profile_steps``, ``split``, ``tick_tock``, ``replicated``, ``memory_limit``, ``log_dir``,
-        ``verbose``, ``on_mismatch``, ``drop_slower_plan``, ``collaborators``, ``options``: an
+        ``verbose``, ``on_mismatch``, ``drop_slower_plan``, ``deterministic``, ``collaborators``, ``options``: an
         ``Options`` in place of the settings' keyword arguments, not with them). ``split="auto"``
         (the default) splits layers where no two devices of the cluster share compute (GPUs,
         several hosts, ``cpu-testbed:N``), not on the logical CPUs of one host. The strategy's
@@ -59,16 +61,18 @@ class FastT(keras.callbacks.Callback):
                  plan: Plan | str | None = None, warmup_steps: int | None = None, profile_steps: int | None = None,
                  split: str | bool | None = None, tick_tock: str | None = None, replicated: str | None = None,
                  memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None,
-                 on_mismatch: str | None = None, drop_slower_plan: bool | None = None,
+                 on_mismatch: str | None = None, drop_slower_plan: bool | None = None, deterministic: str | None = None,
                  collaborators: Collaborators | None = None, options: Options | None = None):
         super().__init__()
         self.options = Options.from_arguments(
             door="FastT", options=options, devices=devices, cluster=cluster, plan=plan, warmup_steps=warmup_steps,
             profile_steps=profile_steps, split=split, tick_tock=tick_tock, replicated=replicated,
             memory_limit=memory_limit, log_dir=log_dir, verbose=verbose, on_mismatch=on_mismatch,
-            drop_slower_plan=drop_slower_plan)
+            drop_slower_plan=drop_slower_plan, deterministic=deterministic)
         self.collaborators = collaborators or Collaborators()
-        self.driver = Driver(self.options, collaborators=self.collaborators, keeps_xla=True)
+        self._said_graph_mode = False
+        self.driver = Driver(self.options, collaborators=self.collaborators)
+        _compat.watch_fits()  # before the fit this callback is given to: its end, even by an exception
 
     @property
     def plan(self) -> Plan | None:
@@ -98,6 +102,12 @@ class FastT(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if len(self.options.devices) < 2:
             return
+        if _compat.graph_mode():
+            if not self._said_graph_mode:
+                self._said_graph_mode = True
+                warnings.warn(_compat.GRAPH_MODE_LINE.format(what="this fit trains as without the callback"),
+                              RuntimeWarning, stacklevel=2)
+            return
         try:  # a later fit of the same model keeps its plan; another model's fit is driven afresh
             self.driver.attach(self.model, verbose=(self.params or {}).get("verbose"))
             self.driver.begin_fit()
@@ -105,10 +115,10 @@ class FastT(keras.callbacks.Callback):
             self.driver.fail("attaching", error)
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.driver.before_step()
+        if self.driver.model is not None:
+            self.driver.before_step()
 
     def on_train_batch_end(self, batch, logs=None):
-        self.driver.after_step()
+        if self.driver.model is not None:
+            self.driver.after_step()
 
-    def on_train_end(self, logs=None):
-        self.driver.end_fit()

@@ -28,6 +28,8 @@ __all__ = ["CapturedStep", "CapturedOp", "capture_step", "batch_spec", "last_op_
 # Where Keras puts the loss computation: Keras 3 "compile_loss/...", tf-keras "loss/...".
 _LOSS_SCOPES = ("compile_loss/", "loss/")
 
+# Between the variables' paths in the name of a group of several variables that one op reads.
+JOINED = "|"
 # The colocation groups of host-only work (one per layer): string ops (preprocessing layers,
 # string inputs) and ops on lookup tables, which live where they were created. Never split.
 HOST_GROUP = "kerasflow:host"
@@ -36,11 +38,16 @@ HOST_GROUP = "kerasflow:host"
 # What Grappler's remapper and arithmetic optimizer and oneDNN's rewrites run as one kernel on
 # CPUs and GPUs: a convolution or matmul with its bias and activation, a normalization with a
 # residual Add and its activation, a tree of additions (one AddN), and a filter's gradient with
-# its bias' gradient (one kernel reads the output gradient once for both).
+# its bias' gradient (one kernel reads the output gradient once for both). Also kept whole: a
+# chain of products, which the arithmetic optimizer's MinimizeBroadcasts stage reorders (scalars
+# first) only where all of it is on one device.
 _FUSION_HEADS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "BatchMatMulV2"})
 _FUSED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid", "Selu", "Softplus",
                                 "Gelu"})
 _ADDITIONS = frozenset({"Add", "AddV2"})
+# Each op Grappler regroups with a sole reader of these types, on one device: the additions of a
+# tree (AddOpsRewrite, MinimizeBroadcasts), the factors of a product (MinimizeBroadcasts).
+_REGROUPED_WITH = {"Add": _ADDITIONS, "AddV2": _ADDITIONS, "Mul": frozenset({"Mul"})}
 _FILTER_GRADIENTS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilterV2",
                                "DepthwiseConv2dNativeBackpropFilter", "MatMul"})
 
@@ -312,17 +319,28 @@ def _colocate(captured: list[CapturedOp], operations, resource_group: dict[str, 
             if passed.dtype == tf.resource and (passed.op.name, passed.value_index) in origin:
                 origin[(tf_op.name, i)] = origin[(passed.op.name, passed.value_index)]
 
-    # Groups: the variable's placeholder and every op that takes the resource.
-    group_layer: dict[str, str] = {}
+    # Groups: the variable's placeholder and every op that takes the resource. An op that takes
+    # several variables (a recurrent layer's While loop reads its kernels and bias every step)
+    # joins their groups into one: apart, each iteration would read a variable from another device.
+    joined: dict[str, str] = {}
+
+    def root(group: str) -> str:
+        while joined.get(group, group) != group:
+            group = joined[group]
+        return group
+
+    layers: list[tuple[CapturedOp, str]] = []
     for op, tf_op in zip(captured, operations):
         if op.name in resource_group:
             op.colocation, op.persistent_bytes = resource_group[op.name]
             continue
-        for tensor in tf_op.inputs:
-            group = origin.get((tensor.op.name, tensor.value_index)) if tensor.dtype == tf.resource else None
-            if group is not None:
-                op.colocation = group
-                break
+        groups = list(dict.fromkeys(origin[(t.op.name, t.value_index)] for t in tf_op.inputs
+                                    if t.dtype == tf.resource and (t.op.name, t.value_index) in origin))
+        if groups:
+            op.colocation = groups[0]
+            for group in groups[1:]:
+                if root(group) != root(groups[0]):
+                    joined[root(group)] = root(groups[0])
         if op.colocation is None and _host_only(tf_op, origin):
             # One group per layer: a lookup layer's table ops stay together, while layer-wise
             # placement (which places whole layers) can still put layers apart.
@@ -330,8 +348,20 @@ def _colocate(captured: list[CapturedOp], operations, resource_group: dict[str, 
         layer = layer_of_id.get(tf_op._id)
         if layer is not None:
             op.layer, op.phase = layer, "forward"
-            if op.colocation is not None:
-                group_layer.setdefault(op.colocation, layer)
+            layers.append((op, layer))
+    # A joined group is named after all its variables' paths ("a|b|c", the first read first), so
+    # each variable still finds its group's device by its own path (strategies.variables).
+    members: dict[str, list[str]] = {}
+    for group in list(joined):
+        members.setdefault(root(group), [root(group)]).append(group)
+    named = {group: JOINED.join(paths) for paths in members.values() for group in paths}
+    for op in captured:
+        if op.colocation in named:
+            op.colocation = named[op.colocation]
+    group_layer: dict[str, str] = {}
+    for op, layer in layers:
+        if op.colocation is not None:
+            group_layer.setdefault(op.colocation, layer)
     return group_layer
 
 
@@ -424,8 +454,11 @@ def _fusion_groups(captured: list[CapturedOp]) -> None:
     Split over devices, the chain runs as separate kernels that round otherwise: a HEFT plan
     that put a convolution's filter gradient and its bias gradient on two logical CPUs trained
     1.5e-8 to 3e-8 away from plain Keras in four steps, and 7e-5 on another processor, while the
-    same plan with the pair on one device trained bit for bit as plain Keras does. Ops already in
-    a group (a variable's) stay in theirs.
+    same plan with the pair on one device trained bit for bit as plain Keras does. Likewise a
+    plan that put SGD's ``learning_rate * gradient`` on another device than the product that made
+    a normalization's gamma gradient kept Grappler from reordering the pair's factors as it does
+    for plain Keras: 1.6e-5 apart after 39 steps with oneDNN off. Ops already in a group (a
+    variable's) stay in theirs.
     """
     readers: dict[tuple[str, int], list[tuple[CapturedOp, int]]] = {}
     for op in captured:
@@ -458,8 +491,8 @@ def _fusion_groups(captured: list[CapturedOp]) -> None:
             side = sole_reader(op, _ADDITIONS, same_layer=False)
             activation = sole_reader(side or op, _FUSED_ACTIVATIONS, same_layer=False)
             join([member for member in (op, side, activation) if member is not None])
-        elif op.type in _ADDITIONS:  # Grappler sums a tree of additions on one device as one AddN
-            reader = sole_reader(op, _ADDITIONS, same_layer=False)
+        elif op.type in _REGROUPED_WITH:
+            reader = sole_reader(op, _REGROUPED_WITH[op.type], same_layer=False)
             if reader is not None:
                 join([op, reader])
         elif op.type == "BiasAddGrad" and op.inputs:

@@ -1,11 +1,16 @@
 """``measure_links``: latency and bandwidth between devices, fitted from timed copies; ``copy_bandwidth``: a device's own copy kernels.
 
-Copies of 1 KiB to 256 MiB are timed between each ordered pair of devices; each pair's
-``latency + bytes / bandwidth`` is fitted by least squares on (bytes, seconds) samples,
-taking the median of repeated copies per size. Between logical CPUs of one process a
-"copy" passes a reference, so nothing is measured: the ``cpu-testbed`` figures are used
-and the result says so. Between devices of different tasks (hosts of a multi-host
-cluster) one pair per pair of tasks is timed: the network dominates.
+Copies of 1 KiB to 256 MiB are timed between each ordered pair of devices, as a device sees
+them: each call of one ``tf.function`` sends a tensor back and forth between the two devices
+``ROUND_TRIPS`` times, each copy waiting for the one before, and a copy's time is the
+difference between a call of many round trips and a call of one, per copy (the call's own
+dispatch, about 50-150 us on this machine and more than a GPU link's latency, cancels). Each
+pair's ``latency + bytes / bandwidth`` is fitted by least squares on relative error over the
+(bytes, seconds) samples, the median of repeated calls per size. Between logical CPUs of one
+process a "copy" passes a reference, so nothing is measured: the ``cpu-testbed`` figures are
+used and the result says so. Between devices of different tasks (hosts of a multi-host
+cluster, ``kerasflow.testbed``'s cores) one pair per pair of tasks is timed: the network
+dominates.
 
 Within one device, the copy kernels a plan adds (a data-parallel replica packs its gradients into
 buffers and unpacks the sums) run at the rate ``copy_bandwidth`` measures on that device,
@@ -15,22 +20,23 @@ CPU's caches (67 GB/s measured on the project's 2-core AMD EPYC, against the CPU
 
 from __future__ import annotations
 
+import contextlib
 import functools
-
 import time
+import warnings
 from typing import NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from kerasflow.planner.ir.cluster import SAME_PROCESS, Cluster, Device, Link
+from kerasflow.planner.ir.cluster import PCIE3, SAME_PROCESS, Cluster, Device, Link
 from kerasflow.planner.errors import KerasflowError
 from kerasflow.planner.ir.hardware import DEVICE_SPECS
 from kerasflow.devices import (LocalGPU, device_kind, device_memory, device_type, normalize_device, shared_cards,
                                task_of, wait_for_devices)
 from kerasflow.profiling.host import host_compute
 
-__all__ = ["measure_links", "LinkMeasurement", "cluster_of", "copy_bandwidth"]
+__all__ = ["measure_links", "LinkMeasurement", "cluster_of", "copy_bandwidth", "message_gap", "step_dispatch"]
 
 SIZES = tuple(2**k for k in range(10, 29, 3))  # 1 KiB ... 256 MiB
 # Large enough that the slope, not eager dispatch, sets the fit; as large as gradient buffers.
@@ -52,23 +58,47 @@ class LinkMeasurement(NamedTuple):
 
 
 def _fit(samples: list[tuple[float, float]]) -> Link:
-    sizes = np.array([s for s, _ in samples])
-    seconds = np.array([t for _, t in samples])
-    slope, intercept = np.polyfit(sizes, seconds, 1)
-    slope = max(slope, 1e-15)
+    """``latency + bytes / bandwidth`` through (bytes, seconds) samples, on relative error: the
+    least-squares line, then again with each sample weighted by the inverse of that line's time
+    for it (so a small copy's microseconds count as much as a large one's milliseconds, and a
+    noisy near-zero sample does not dominate); a negative latency is 0.
+
+    Raises:
+        KerasflowError: the time does not grow with the bytes (every sample dispatch-bound, or
+            noise): there is no bandwidth to read.
+
+    Example:
+        >>> link = _fit([(1e3, 2.0e-6 + 1e3 / 1e10), (1e6, 2.0e-6 + 1e6 / 1e10), (1e7, 2.0e-6 + 1e7 / 1e10)])
+        >>> round(link.latency * 1e6, 3), round(link.bandwidth / 1e9, 3)
+        (2.0, 10.0)
+    """
+    sizes = np.array([s for s, _ in samples], dtype=float)
+    seconds = np.array([t for _, t in samples], dtype=float)
+    weights = np.ones_like(seconds)
+    for _ in range(2):  # an unweighted fit, then one weighted by the inverse of its own predictions
+        slope, intercept = np.polyfit(sizes, seconds, 1, w=weights)
+        if not slope > 0:
+            raise KerasflowError(f"Copy times that do not grow with the bytes copied (slope {slope:.3g} s/byte over "
+                                 f"{len(samples)} sizes): the measurement saw dispatch or noise, not the link.")
+        predicted = intercept + slope * sizes
+        weights = 1.0 / np.maximum(predicted, 0.05 * predicted.max())
     return Link(max(float(intercept), 0.0), float(1.0 / slope))
 
 
-def measure_links(devices: Sequence[str], *, sizes: Sequence[int] = SIZES, repeats: int = 5) -> LinkMeasurement:
+def measure_links(devices: Sequence[str], *, sizes: Sequence[int] = SIZES, repeats: int = 5,
+                  fallback: Link | None = None) -> LinkMeasurement:
     """Times copies between every ordered pair of ``devices`` and fits each link.
 
     Args:
         devices: TensorFlow device names (``"/GPU:0"``, ...).
         sizes: the copy sizes in bytes.
         repeats: copies per size (the median is used).
+        fallback: the link a pair takes whose copies measure no bandwidth (times that do not grow
+            with the bytes: dispatch or noise), said in one ``RuntimeWarning``; None: that is an error.
 
     Raises:
-        KerasflowError: a device that does not exist.
+        KerasflowError: a device that does not exist, or a pair measured no bandwidth and no
+            ``fallback`` was given.
 
     Example:
         >>> measure_links(["/CPU:0", "/CPU:1"]).measured  # logical CPUs share memory: nothing to time
@@ -93,7 +123,16 @@ def measure_links(devices: Sequence[str], *, sizes: Sequence[int] = SIZES, repea
             # Between tasks the network dominates: one timed pair stands for each pair of tasks.
             key = (task_of(a), task_of(b)) if task_of(a) != task_of(b) else (a, b)
             if key not in fitted:
-                fitted[key] = _fit(_time_copies(a, b, sizes, repeats))
+                try:
+                    fitted[key] = _fit(_time_copies(a, b, sizes, repeats))
+                except KerasflowError as error:
+                    if fallback is None:
+                        raise KerasflowError(f"The link {a} -> {b} measured no bandwidth: {error} Measure again on a "
+                                             "quieter machine, or give the link's figures.") from None
+                    warnings.warn(f"kerasflow: the link {a} -> {b} measured no bandwidth ({error}); planning with "
+                                  f"{fallback.latency * 1e6:g} us and {fallback.bandwidth / 1e9:g} GB/s instead.",
+                                  RuntimeWarning, stacklevel=2)
+                    fitted[key] = fallback
             links[(a, b)] = fitted[key]
     if not fitted:
         return LinkMeasurement(links, False, "Logical CPUs of one process pass tensors by reference, so there "
@@ -103,29 +142,131 @@ def measure_links(devices: Sequence[str], *, sizes: Sequence[int] = SIZES, repea
                                         f"{' (logical CPUs of one process: the cpu-testbed figures)' if by_reference else ''}.")
 
 
-def _time_copies(a: str, b: str, sizes: Sequence[int], repeats: int) -> list[tuple[float, float]]:
-    """(bytes, median seconds) of copies from ``a`` to ``b``, finished on ``b``."""
+# Round trips per call: the copies of the longer call less those of the shorter are timed alone.
+ROUND_TRIPS = (1, 17)
 
+
+def _time_copies(a: str, b: str, sizes: Sequence[int], repeats: int) -> list[tuple[float, float]]:
+    """(bytes, seconds) of one copy between ``a`` and ``b``, as the devices see it (the module
+    docstring): half a round trip, from calls of ``ROUND_TRIPS`` round trips, the median of
+    ``repeats`` calls each."""
     samples = []
     for size in sizes:
-        runs = []
-        for repeat in range(repeats + 1):
-            # A fresh tensor each time: TensorFlow keeps a tensor's copy on a remote device and
-            # would hand it back instead of copying again.
-            with tf.device(a):
-                source = tf.fill([size // 4], float(repeat))
-            if device_type(a) != "CPU" or task_of(a) != "local":
-                tf.reduce_sum(source[:1]).numpy()  # made before the clock starts
-            started = time.perf_counter()
-            with tf.device(b):
-                copied = tf.identity(source)
-                if device_type(b) == "CPU" and task_of(b) == "local":
-                    copied.numpy()  # already here: no second copy
-                else:
-                    tf.reduce_sum(copied[:1]).numpy()  # wait on the target, fetch one number
-            runs.append(time.perf_counter() - started)
-        samples.append((float(size), float(np.median(runs[1:]))))
+        with tf.device(a):  # a variable: nothing for TensorFlow to fold away before it is sent
+            source = tf.Variable(tf.ones([max(size // 4, 1)]), trainable=False)
+        medians = []
+        for trips in ROUND_TRIPS:
+            with _unoptimized():  # Grappler would drop a copy whose value comes back where it was
+                medians.append(_median_call(_bouncing(source, a, b, trips), repeats))
+        copies = 2 * (ROUND_TRIPS[1] - ROUND_TRIPS[0])
+        samples.append((float(size), (medians[1] - medians[0]) / copies))
     return samples
+
+
+@contextlib.contextmanager
+def _unoptimized():
+    """Inside, the functions TensorFlow runs are not rewritten by Grappler (the setting is part of
+    what TensorFlow keys an instantiated function by: outside, the function is rewritten again)."""
+    before = tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer", False)
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": before})
+
+
+def _bouncing(source: tf.Variable, a: str, b: str, trips: int):
+    """A call that sends ``source``'s value from ``a`` to ``b`` and back ``trips`` times, each copy
+    waiting for the one before, and returns once the last is back on ``a``."""
+    @tf.function
+    def bounce():
+        with tf.device(a):
+            value = source.read_value()
+        for _ in range(trips):
+            with tf.device(b):
+                value = tf.identity(value)
+            with tf.device(a):
+                value = tf.identity(value)
+        with tf.device(a):
+            return value[0]
+
+    return lambda: bounce().numpy()
+
+
+# Messages in flight at once: the last of this many small sends less the first, per send.
+IN_FLIGHT = 17
+
+
+def message_gap(a: str, b: str, repeats: int = 9) -> float:
+    """Seconds each of many small transfers from ``b`` to ``a`` adds when they are all in flight
+    at once (``Cluster.message_gap``): a call sending ``IN_FLIGHT`` 4-byte values less a call
+    sending one, per value, the median of ``repeats`` calls each (never below 0).
+
+    Example:
+        >>> message_gap("/job:worker/replica:0/task:0/device:CPU:0",
+        ...             "/job:worker/replica:0/task:1/device:CPU:0")  # doctest: +SKIP
+        6.1e-05
+    """
+    with tf.device(b):
+        values = [tf.Variable(float(i), trainable=False) for i in range(IN_FLIGHT)]
+    medians = []
+    for count in (1, IN_FLIGHT):
+        @tf.function
+        def gather(count=count):
+            with tf.device(b):
+                read = [v.read_value() for v in values[:count]]
+            with tf.device(a):
+                return tf.add_n([tf.identity(r) for r in read])
+
+        medians.append(_median_call(lambda: gather().numpy(), repeats))
+    return max((medians[1] - medians[0]) / (IN_FLIGHT - 1), 0.0)
+
+
+def step_dispatch(local: str, others: Sequence[str], repeats: int = 15) -> float:
+    """Seconds a call of a function that runs ops on the tasks of ``others`` too takes beyond one
+    that runs on ``local`` alone, one 4-byte value back from each included: TensorFlow's remote
+    call per task and step (``Cluster.step_dispatch``; never below 0).
+
+    Example:
+        >>> step_dispatch("/job:worker/replica:0/task:0/device:CPU:0",
+        ...               ["/job:worker/replica:0/task:1/device:CPU:0"])  # doctest: +SKIP
+        0.0009
+    """
+    with tf.device(local):
+        here = tf.Variable(1.0, trainable=False)
+    there = []
+    for device in others:
+        with tf.device(device):
+            there.append(tf.Variable(1.0, trainable=False))
+
+    @tf.function
+    def alone():
+        with tf.device(local):
+            return here.read_value() * 2.0
+
+    @tf.function
+    def everywhere():
+        parts = []
+        for device, value in zip(others, there):
+            with tf.device(device):
+                parts.append(value.read_value() * 2.0)
+        with tf.device(local):
+            return tf.add_n([here.read_value()] + parts)
+
+    return max(_median_call(lambda: everywhere().numpy(), repeats) - _median_call(lambda: alone().numpy(), repeats),
+               0.0)
+
+
+def _median_call(call, repeats: int) -> float:
+    """The median seconds of ``repeats`` calls of ``call``, after two untimed ones (trace, warm)."""
+    call()
+    call()
+    runs = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        runs.append(time.perf_counter() - started)
+    return float(np.median(runs))
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,7 +290,11 @@ def copy_bandwidth(device: str, repeats: int = 5) -> float:
                 wait_for_devices()
                 runs.append(time.perf_counter() - started)
             samples.append((2.0 * size, float(np.median(runs[1:]))))  # each byte read once, written once
-    return _fit(samples).bandwidth
+    try:
+        return _fit(samples).bandwidth
+    except KerasflowError:  # dispatch-bound: no rate to read, the kind's datasheet figure instead
+        kind = device_kind(device)
+        return DEVICE_SPECS[kind].memory_bandwidth if kind in DEVICE_SPECS else DEVICE_SPECS["CPU"].memory_bandwidth
 
 
 def cluster_of(devices: Sequence[str], *, links: LinkMeasurement | None = None, name: str = "",
@@ -164,7 +309,7 @@ def cluster_of(devices: Sequence[str], *, links: LinkMeasurement | None = None, 
         >>> cluster_of(["/CPU:0", "/CPU:1"]).device_names
         ['/CPU:0', '/CPU:1']
     """
-    links = links or measure_links(devices)
+    links = links or measure_links(devices, fallback=PCIE3)  # a GPU pair that measured no bandwidth: PCIe 3
     rates = bandwidths if bandwidths is not None else {device: copy_bandwidth(device) for device in devices}
     built = [Device(device, device_kind(device, gpus), device_memory(device, gpus),
                     memory_bandwidth=rates.get(device, 0.0)) for device in devices]

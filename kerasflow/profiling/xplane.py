@@ -166,10 +166,7 @@ class StepProfiler:
 
     def stop(self) -> KernelTimes:
         """Stops the profiler and returns the kernel times of the marked steps."""
-        if self._running:
-            with native_stderr_silenced(self.quiet):
-                tf.profiler.experimental.stop()
-            self._running = False
+        self._stop_session()
         files = sorted(glob.glob(os.path.join(self.logdir, "plugins", "profile", "*", "*.xplane.pb")),
                        key=os.path.getmtime)
         if not files:
@@ -179,6 +176,20 @@ class StepProfiler:
         if self._own:
             shutil.rmtree(self.logdir, ignore_errors=True)
         return times
+
+    def discard(self) -> None:
+        """Stops the profiler without reading what it wrote (deleted, when the folder is its own)."""
+        try:
+            self._stop_session()
+        finally:
+            if self._own:
+                shutil.rmtree(self.logdir, ignore_errors=True)
+
+    def _stop_session(self) -> None:
+        if self._running:
+            self._running = False
+            with native_stderr_silenced(self.quiet):
+                tf.profiler.experimental.stop()
 
 
 def parse_xspace(path: str, lanes: int | None = None) -> KernelTimes:

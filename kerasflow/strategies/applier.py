@@ -396,13 +396,19 @@ def _scalar(op: tf.Operation) -> bool:
 
 
 def _copyable_join(op: tf.Operation) -> bool:
-    return op.type == "ConcatV2" and shard_boundary(op.name) == "join"
+    """A join of shards (their concat), or a sum of gradients the tape made (a split weight's
+    shards' parts, read by its update's ops): made once on each device that reads it, as the
+    simulator gathers once per consuming device."""
+    return (op.type == "ConcatV2" and shard_boundary(op.name) == "join") or op.type == "AddN"
 
 
 def _join_on(join: tf.Operation, device: str, users: list[tuple[tf.Operation, int]]) -> None:
-    """A copy of ``join`` (a concat) on ``device``, read by ``users`` instead of ``join``."""
+    """A copy of ``join`` (a concat or a sum, ``_copyable_join``) on ``device``, read by ``users`` instead of ``join``."""
     with join.graph.as_default(), tf.device(device), tf.compat.v1.name_scope(join.name + "/"):
-        copy = tf.raw_ops.ConcatV2(values=list(join.inputs[:-1]), axis=join.inputs[-1], name="on_device")
+        if join.type == "AddN":
+            copy = tf.raw_ops.AddN(inputs=list(join.inputs), name="on_device")
+        else:
+            copy = tf.raw_ops.ConcatV2(values=list(join.inputs[:-1]), axis=join.inputs[-1], name="on_device")
     for consumer, index in users:
         consumer._update_input(index, copy)
 

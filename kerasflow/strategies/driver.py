@@ -7,7 +7,7 @@ only transitions are that module's ``TRANSITIONS`` (drawn there), checked in ``D
 ``WarmingUp``: steps on the default placement (tracing and graph optimisation happen there),
 recording a real batch (``RecordedInputs``); a plan given up front is checked and applied after
 step 0 (one that fits another model, with ``on_mismatch="replan"``: ``WarmingUp`` again, without
-it, from the next step). Through the callback door a step the model compiles with XLA runs as
+it, from the next step). Through either door a step the model compiles with XLA runs as
 compiled for its first ``XlaStep.steps`` and is timed (``XlaStep``): every plan is judged
 against it, and XLA is on again whenever the default placement is kept or taken back.
 ``Profiling``: fit's own steps under TensorFlow's profiler, then the collaborators' profiler and
@@ -16,6 +16,8 @@ timed beside the default placement (``Trial``); its verdict keeps it (``Planned`
 runner-up once, or drops it. ``Default``: the planner kept the default placement (nothing was
 applied: no trial, no retrace), or ``Retreat`` took the model back to it. A failure anywhere
 warns once, naming the cause, and retreats; a plan given up front that fits another model raises.
+Whenever a ``fit`` ends, normally or by an exception, ``fit_ended`` takes the state where
+``driver_state.AT_FIT_END`` says: nothing kerasflow started outlives that ``fit``.
 
 The driver alone writes its state, its step counter and the fields of the ``PlanReport``
 (planning makes it); the doors and ``GuardedTrainFunction`` only call its methods. One owner of
@@ -41,13 +43,13 @@ from kerasflow.planner.parallel.baselines import DEFAULT_PLACEMENT, best_other_t
 from kerasflow.planner.sim.simulator import step_overhead
 from kerasflow.profiling.links import planning_cluster
 from kerasflow.strategies.collaborators import Collaborators
-from kerasflow.strategies.driver_state import Default, DriverState, InTrial, Planned, Profiling, WarmingUp
+from kerasflow.strategies.driver_state import AT_FIT_END, Default, DriverState, InTrial, Planned, Profiling, WarmingUp
 from kerasflow.strategies.guarded import GuardedTrainFunction
 from kerasflow.strategies.in_force import InForce
 from kerasflow.strategies.inputs import RecordedInputs
 from kerasflow.strategies.options import Options
 from kerasflow.strategies.plan_report import PlanReport
-from kerasflow.strategies.planning_in_fit import LoopTime, ProfiledSteps, given_plan_mismatch, plan_in_fit
+from kerasflow.strategies.planning_in_fit import LoopTime, ProfiledSteps, given_plan_mismatch, placement_only, plan_in_fit
 from kerasflow.strategies.readback import PlacementCheck, PlacementReport
 from kerasflow.strategies.reporting import Reporter
 from kerasflow.strategies.retreat import Retreat, describe, state_lost
@@ -70,10 +72,9 @@ class Driver:
         collaborators: the profiler, planner and stopwatch (``Collaborators``).
         creating: the strategy's factory ``f(device)`` letting a variable be made off its
             device (None for the callback).
-        keeps_xla: the door leaves a step the model compiles with XLA as it is until profiling
-            and judges plans against it (the callback: the model's step is Keras' own; under the
-            strategy's scope Keras compiles without XLA, and an explicit ``jit_compile=True`` is
-            turned off).
+        under_strategy: the door is ``FastTStrategy``, under which Keras resolves
+            ``jit_compile="auto"`` to no XLA (said once on a GPU host, where plain Keras compiles
+            with it); an explicit ``jit_compile=True`` is timed and kept as through the callback.
 
     Attributes:
         state: the ``DriverState`` it is in.
@@ -81,15 +82,15 @@ class Driver:
     """
 
     def __init__(self, options: Options, *, collaborators: Collaborators = Collaborators(),
-                 creating: Callable | None = None, keeps_xla: bool = False):
+                 creating: Callable | None = None, under_strategy: bool = False):
         self.options, self.collaborators, self.creating = options, collaborators, creating
-        self.keeps_xla = keeps_xla
+        self.under_strategy = under_strategy
         self.model = None
         self._afresh()
 
     def _afresh(self) -> None:
         """Everything a model's training leaves on the driver, as before any model."""
-        self.xla: XlaStep | None = None  # the model's own step compiled with XLA (keeps_xla)
+        self.xla: XlaStep | None = None  # the model's own step compiled with XLA
         self.reporter = Reporter(self.options.verbose)
         self.report = PlanReport()
         self.state: DriverState = WarmingUp(given=self.options.plan)
@@ -126,38 +127,42 @@ class Driver:
         return self.state.reason if isinstance(self.state, Default) else None
 
     # ------------------------------------------------------------------ the doors' hooks
-    def attach(self, model, verbose=None) -> None:
+    def attach(self, model, verbose=None, *, running: bool = False) -> None:
         """Installs the recording step on ``model`` (a later ``fit``: the plan-applying one). Another
         model than the one driven so far (the callback given to another model's ``fit``) gives the
-        last one back its own step and is driven afresh."""
+        last one back its own step and is driven afresh. ``running``: attached while Keras traces
+        the model's first step (the strategy), which runs as traced."""
         if self.model is model:
             return
         if self.model is not None:
             self.detach()
             self._afresh()
         self.model = model
+        _compat.on_fit_end(model, self.fit_ended)
         if self.options.verbose == "auto" and verbose is not None:
             self.reporter.verbose = 0 if verbose in (0, False) else verbose
         self._take_xla(model)
         self.reporter.attached(model, self.options)
         step = model.train_step
         self.own_step = step.original if isinstance(step, PlannedStep) else step
-        if not self._timing_xla:  # an XLA-compiled step cannot record its batches (a py_function)
+        if self._timing_xla:  # an XLA-compiled step cannot record its batches (a py_function)
+            if running:
+                self.xla.time_calls(first_step=self.step + 1)  # the step being traced is not timed
+        else:
             self._install()
 
     def _take_xla(self, model) -> None:
-        """A step compiled with XLA is timed first (``keeps_xla``) or turned off; on a GPU host the
-        strategy's step runs without XLA, and that is said once."""
+        """A step compiled with XLA is timed first, or turned off for a plan given up front; on a
+        GPU host the strategy's step runs without XLA, and that is said once."""
         if not _compat.uses_jit(model):
-            if not self.keeps_xla and _compat.xla_by_default(model, local_gpus()):
+            if self.under_strategy and _compat.xla_by_default(model, local_gpus()):
                 self.reporter.xla_off_under_strategy()
             return
-        if self.keeps_xla:
-            self.xla = XlaStep(model, stopwatch=self.collaborators.stopwatch, timed=self.options.plan is None)
+        self.xla = XlaStep(model, stopwatch=self.collaborators.stopwatch, timed=self.options.plan is None)
         if self._timing_xla:
             self.reporter.xla_timed(self.xla.steps, self.xla.steps - 1)
             return
-        _compat.set_jit(model, False)
+        self.xla.turn_off()
         model.make_train_function(force=True)
         self.reporter.xla_turned_off()
 
@@ -171,7 +176,7 @@ class Driver:
         if self.in_force and not isinstance(self.model.train_function, GuardedTrainFunction):
             self.rebuild()  # a later fit whose train function Keras made anew: the plan applies again
         elif self._timing_xla:
-            self.xla.time_calls()
+            self.xla.time_calls(first_step=self.step)
         elif isinstance(self.state, (WarmingUp, Profiling)):
             self.model.make_train_function(force=True)
 
@@ -239,10 +244,25 @@ class Driver:
         self.step += 1
         self.loop.left()
 
-    def end_fit(self) -> None:
-        """``fit`` ended: a plan still being timed is judged on what was measured, or dropped."""
-        if isinstance(self.state, InTrial):
-            self._settle(final=True)
+    def fit_ended(self, model) -> None:
+        """A ``fit`` of ``model`` ended, normally or by an exception: the state goes where
+        ``AT_FIT_END`` says. A profile cut short stops TensorFlow's profiler and is dropped (the
+        next ``fit`` warms up and profiles afresh); a plan still being timed is judged on what was
+        measured (no runner-up). A failure here warns and retreats, as anywhere."""
+        if model is not self.model:  # the callback went on to another model
+            return
+        state = self.state
+        try:
+            match state:
+                case Profiling(steps):
+                    steps.close()
+                    self._go(WarmingUp(since=self.step))
+                case InTrial():
+                    self._settle(final=True)
+        except Exception as error:  # noqa: BLE001 - never lose the user's training
+            self.fail("ending fit", error)
+        # A failure goes back to the default placement from any state, at the end of fit too.
+        assert isinstance(self.state, (*AT_FIT_END[type(state)], Default)), f"kerasflow: fit ended in {self.state.name}"
 
     # ------------------------------------------------------------------ planning
     def _plan(self, profiled: ProfiledSteps) -> tuple[Plan, Trial]:
@@ -308,7 +328,15 @@ class Driver:
         self.reporter.xla_restored(self.xla.seconds)
 
     def _apply_given(self, given: Plan) -> None:
-        """``plan=``: checked against the model after step 0, then applied (timed for the report only)."""
+        """``plan=``: checked against the model after step 0, then applied (timed for the report only).
+        Under ``deterministic``, a plan that adds sums in another order is refused."""
+        if placement_only(self.options) and not given.placement_only:
+            raise InvalidPlanError(
+                f"The plan given ({given.algorithm}) adds sums in another order than the default placement (replicas, a "
+                "split layer or waves), and deterministic training asks for plans that compute bit for bit as it: "
+                "two runs would not give the same weights. Pass a placement-only plan, or deterministic='off'. "
+                f"Received: deterministic={self.options.deterministic!r}" + (
+                    " with TensorFlow's op determinism on" if self.options.deterministic == "auto" else ""))
         structure, mismatch = given_plan_mismatch(self.model, self.inputs.tensors(), self.own_step, given)
         if mismatch is not None:
             if self.options.on_mismatch == "error":
@@ -398,7 +426,8 @@ class Driver:
         A planned call that fails never ends ``fit``: the plan's per-device order is dropped
         (TensorFlow may refuse an order; the placement stays) and the call tried again once, else
         training goes back to the default placement, which runs that same call. A lost cluster task
-        (``tf.errors.UnavailableError``) is never the order's doing; the end of the data and an
+        (``tf.errors.UnavailableError``) and a replicas' sum that timed out
+        (``Collectives.timed_out``) are never the order's doing; the end of the data and an
         interrupt (``NOT_OURS``) pass through, as they do in plain Keras.
         """
         state = self.state
@@ -413,6 +442,9 @@ class Driver:
             raise
         except Exception as error:  # noqa: BLE001 - never lose the user's training
             lost_task = isinstance(error, tf.errors.UnavailableError)
+            if isinstance(error, tf.errors.DeadlineExceededError) and parts.replicas is not None:
+                error = parts.replicas.collectives.timed_out(error)  # no order is to blame: no retry
+                lost_task = True
             if parts.plan.order and not parts.applier.skip_order and not lost_task:
                 parts.applier.refuse_order(describe(error))
                 self.reporter.warn(f"kerasflow: the planned order could not run ({describe(error)}); "

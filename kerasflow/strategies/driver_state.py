@@ -9,8 +9,13 @@ force, which plan was chosen last, why training is on the default placement) is 
         +-------------+------------+--> Default  (kept by the planner, dropped as slower, or a failure; for good)
 
 ``WarmingUp --> WarmingUp`` is the replan of a given plan that does not fit the model
-(``on_mismatch="replan"``): warm-up starts afresh without it. The states are named apart from
+(``on_mismatch="replan"``): warm-up starts afresh without it. ``Profiling --> WarmingUp`` is a
+``fit`` that ended while its steps were profiled. The states are named apart from
 ``strategies.trial.Trial`` (the timing itself), which ``InTrial`` holds.
+
+``AT_FIT_END`` says where each state goes when ``fit`` ends in it, normally or by an exception
+(``Driver.fit_ended`` carries it out): nothing kerasflow started outlives the ``fit`` that
+started it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ if TYPE_CHECKING:  # the states hold these; the module itself runs on plain data
     from kerasflow.strategies.planning_in_fit import ProfiledSteps
     from kerasflow.strategies.trial import Trial
 
-__all__ = ["DriverState", "WarmingUp", "Profiling", "InTrial", "Planned", "Default", "TRANSITIONS"]
+__all__ = ["DriverState", "WarmingUp", "Profiling", "InTrial", "Planned", "Default", "TRANSITIONS", "AT_FIT_END"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,8 +167,21 @@ class Default(DriverState):
 
 TRANSITIONS: dict[type, frozenset[type]] = {
     WarmingUp: frozenset({WarmingUp, Profiling, InTrial, Default}),
-    Profiling: frozenset({InTrial, Default}),
+    Profiling: frozenset({WarmingUp, InTrial, Default}),
     InTrial: frozenset({InTrial, Planned, Default}),
     Planned: frozenset({Default}),
     Default: frozenset(),
+}
+
+# Where the driver is after a fit that ended in each state, normally or by an exception, and what
+# that state leaves running: nothing. Warm-up's steps count on in the next fit (the XLA step's
+# timing with them, wrapped once); a profile cut short stops TensorFlow's profiler and is
+# dropped: the next fit warms up and profiles afresh; a trial is judged on the steps it timed
+# (no runner-up is tried): the plan is kept, or the default placement taken back.
+AT_FIT_END: dict[type, frozenset[type]] = {
+    WarmingUp: frozenset({WarmingUp}),
+    Profiling: frozenset({WarmingUp}),
+    InTrial: frozenset({Planned, Default}),
+    Planned: frozenset({Planned}),
+    Default: frozenset({Default}),
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 import weakref
 from typing import Any
 
@@ -115,6 +116,12 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             and its numbers: ``kerasflow.strategies.verdict``). Default True; False keeps the
             first plan and times only it; a ``plan=`` given up front is the user's choice: timed
             only, and kept. A ``fit`` that ends during the timing settles it on what was measured.
+        deterministic: ``"auto"`` (the default), ``"on"`` or ``"off"``: whether only plans that
+            compute bit for bit as the default placement may run, so that two runs of a script
+            give the same weights whatever the timings (no replicas, no split layer, no waves:
+            each is named in ``report.excluded`` with the reason; a ``plan=`` that adds sums in
+            another order is refused). ``"auto"`` follows TensorFlow's switch,
+            ``tf.config.experimental.enable_op_determinism()``; ``"on"`` asks for it without.
         cluster_resolver: several machines: a ``tf.distribute.cluster_resolver.ClusterResolver``
             (default: ``TFConfigClusterResolver`` when ``TF_CONFIG`` is set). The strategy
             connects to the cluster (every other task runs ``python -m kerasflow.worker``),
@@ -131,7 +138,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         collaborators: the profiler, planner and stopwatch used inside ``fit``
             (``kerasflow.strategies.Collaborators``; default kerasflow's own): a custom planner,
             or a ``kerasflow.testing.ScriptedStopwatch`` that forces the trial's verdict in tests.
-        options: the settings from ``devices`` to ``drop_slower_plan`` as one
+        options: the settings from ``devices`` to ``deterministic`` as one
             ``kerasflow.strategies.options.Options`` (``Options.from_arguments``, or the
             ``options`` of another strategy or callback; ``dataclasses.replace`` changes one),
             in place of those keyword arguments: pass either, not both. Its settings are taken
@@ -161,7 +168,8 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
                  split: str | bool | None = None, tick_tock: str | None = None, replicated: str | None = None,
                  memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None,
                  on_mismatch: str | None = None,
-                 drop_slower_plan: bool | None = None, cluster_resolver: Any = None, inter_host_link: Any = "measure",
+                 drop_slower_plan: bool | None = None, deterministic: str | None = None,
+                 cluster_resolver: Any = None, inter_host_link: Any = "measure",
                  connect_timeout: float = 30.0, on_lost_task: str = "exit",
                  collaborators: Collaborators | None = None, options: Options | None = None):
         if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)) or not (
@@ -177,12 +185,10 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             door="FastTStrategy", options=options, join=join, devices=devices, cluster=cluster, plan=plan,
             warmup_steps=warmup_steps, profile_steps=profile_steps, split=split, tick_tock=tick_tock,
             replicated=replicated, memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
-            on_mismatch=on_mismatch, drop_slower_plan=drop_slower_plan)
+            on_mismatch=on_mismatch, drop_slower_plan=drop_slower_plan, deterministic=deterministic)
         devices = self._options.devices
         self._collaborators = collaborators or Collaborators()
         if len(devices) == 1:
-            import warnings
-
             warnings.warn("FastTStrategy has one device: it behaves like OneDeviceStrategy. Call "
                           "kerasflow.devices.virtual_cpus(4) or use a machine with several GPUs.", stacklevel=2)
         extended = _FastTExtended(self, devices[0])
@@ -190,11 +196,13 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         # As the default strategy: Keras pulls no extra batch (and no random draw of the input
         # pipeline) to build a model at the start of each fit.
         _compat.build_when_traced_under(FastTStrategy)
+        _compat.watch_fits()  # the driver learns when each fit ends, even by an exception
         # The models trained under this strategy, newest last, each keeping its own driver. Held
         # weakly: TensorFlow's gradient registry keeps every replica context a traced step used,
         # and with it this strategy, for the life of the process, so a model held here (or a
         # driver, which holds its model) would never be freed.
         self._trained: list[weakref.ref] = []
+        self._said_graph_mode = False
 
     @contextlib.contextmanager
     def scope(self):
@@ -205,8 +213,14 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         trace instead, as the default strategy does (``_compat.build_when_traced_under``).
         Where a Keras builds otherwise, a subclassed model without ``call()`` (a VAE whose
         ``train_step`` uses its sub-models) cannot be built that way, and this says so in
-        one line.
+        one line. Under TF1-style graphs (tf-keras' v1 training loop) the strategy trains as the
+        ``OneDeviceStrategy`` it extends, and says so once.
         """
+        if _compat.graph_mode() and not self._said_graph_mode:
+            self._said_graph_mode = True
+            warnings.warn(_compat.GRAPH_MODE_LINE.format(
+                what=f"FastTStrategy trains as tf.distribute.OneDeviceStrategy on {self._options.devices[0]}"),
+                RuntimeWarning, stacklevel=3)
         with super().scope():
             try:
                 yield self
@@ -307,11 +321,6 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
         driver = self._driver_of(model)
         return driver.placement_report() if driver is not None else None
 
-    def _fit_ended(self, model) -> None:
-        driver = self._driver_of(model)
-        if driver is not None:
-            driver.end_fit()
-
     def _intercept(self, fn, args=()):
         if getattr(fn, "_kerasflow_internal", False):
             return fn
@@ -325,14 +334,13 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             return fn
         driver = self._driver_of(model)
         if driver is None:
-            driver = Driver(self._options, collaborators=self._collaborators, creating=self.extended.creating_on)
+            driver = Driver(self._options, collaborators=self._collaborators, creating=self.extended.creating_on,
+                            under_strategy=True)
             _compat.override(model, _DRIVER, driver)
             self._trained = [ref for ref in self._trained if ref() is not None] + [weakref.ref(model)]
             try:
-                driver.attach(model, verbose=_compat.fit_verbosity())
+                driver.attach(model, verbose=_compat.fit_verbosity(), running=True)
                 _wrap_train_function(model, driver)
-                # The end of each fit settles a plan still being timed (the callback's on_train_end).
-                _compat.on_fit_end(model, lambda: self._fit_ended(model))
             except Exception as error:  # noqa: BLE001 - never lose the user's training
                 driver.fail("attaching", error)
                 return fn

@@ -4,7 +4,8 @@ Both doors (the strategy and the callback) hand their arguments to ``Options.fro
 which parses each setting once and makes every check of devices, cluster and plan, so a bad value
 is the same error through either door when it is made, never a failure at step 4. Knobs come in
 two styles only: a yes/no setting is a boolean (``drop_slower_plan``), a setting with more
-choices is one of its lowercase names (``split``, ``tick_tock``, ``replicated``: ``"auto"``, ``"on"`` or ``"off"``;
+choices is one of its lowercase names (``split``, ``tick_tock``, ``replicated``, ``deterministic``:
+``"auto"``, ``"on"`` or ``"off"``;
 ``on_mismatch``: ``"error"`` or ``"replan"``). ``split`` was a boolean before it had
 ``"auto"``, so it still takes one (or its words), as ``"on"`` or ``"off"``.
 """
@@ -119,6 +120,7 @@ _PARSERS = {
     "verbose": _parse_verbose,
     "on_mismatch": _parse_choice(("error", "replan")),
     "drop_slower_plan": parse_bool,
+    "deterministic": _parse_choice(_THREE_WAY),
     # A split search tries one plan at least; split="off" is how to try none.
     "max_split_evaluations": _parse_int(1),
 }
@@ -147,12 +149,15 @@ class Options:
         verbose: ``"auto"``, 0, 1 or 2.
         on_mismatch: ``"error"`` or ``"replan"`` for a given plan made for another model.
         drop_slower_plan: whether a plan measured slower than the default placement gives way.
+        deterministic: ``"auto"``, ``"on"`` or ``"off"``: whether only plans that compute bit for
+            bit as the default placement may run (``"auto"``: when TensorFlow's op determinism is
+            on; ``placement_only`` decides).
         max_split_evaluations: how many split candidates the planner simulates (>= 1).
 
     Environment: ``KERASFLOW_WARMUP_STEPS``, ``KERASFLOW_PROFILE_STEPS``, ``KERASFLOW_SPLIT``,
     ``KERASFLOW_TICK_TOCK``, ``KERASFLOW_REPLICATED``, ``KERASFLOW_MEMORY_LIMIT``,
     ``KERASFLOW_LOG_DIR``, ``KERASFLOW_VERBOSE``, ``KERASFLOW_ON_MISMATCH``,
-    ``KERASFLOW_DROP_SLOWER_PLAN``, ``KERASFLOW_MAX_SPLIT_EVALUATIONS``, read by
+    ``KERASFLOW_DROP_SLOWER_PLAN``, ``KERASFLOW_DETERMINISTIC``, ``KERASFLOW_MAX_SPLIT_EVALUATIONS``, read by
     ``from_arguments`` for any setting left at None.
 
     Example:
@@ -177,6 +182,7 @@ class Options:
     verbose: Any = "auto"
     on_mismatch: str = "error"
     drop_slower_plan: bool = True
+    deterministic: str = "auto"
     max_split_evaluations: int = 16
 
     def __post_init__(self):

@@ -22,8 +22,8 @@ from kerasflow.strategies.options import Options
 from kerasflow.strategies.plan_report import PlanReport
 from kerasflow.strategies.reporting import Reporter
 
-__all__ = ["plan_in_fit", "data_parallel_step", "may_split", "may_replicate", "ProfiledSteps", "LoopTime",
-           "given_plan_mismatch"]
+__all__ = ["plan_in_fit", "data_parallel_step", "may_split", "may_replicate", "placement_only", "ProfiledSteps",
+           "LoopTime", "given_plan_mismatch"]
 
 
 def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Cluster, options: Options,
@@ -67,6 +67,7 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
         tick_tock="off" if custom else options.tick_tock,
         memory_limit=options.memory_limit, max_split_evaluations=options.max_split_evaluations,
         replicated=replicated, replica_statistics=replicated and options.replicated == "on",  # the user allows it
+        placement_only=placement_only(options),
         verbose=0 if reporter.quiet else options.verbose))
     best = plans[0]
     seconds = time.perf_counter() - started
@@ -116,6 +117,21 @@ def may_split(options: Options, cluster: Cluster, *, own_train_step: bool) -> bo
         return False
     # The cluster's devices, not the options': the planner places over every one of them.
     return options.split == "on" or not cluster.shares_compute(cluster.device_names)
+
+
+def placement_only(options: Options) -> bool:
+    """Whether only plans that compute bit for bit as the default placement may run
+    (``deterministic="on"``, or ``"auto"`` with TensorFlow's op determinism on): two runs of a
+    script then give the same weights whichever plan the timings choose, since every candidate
+    left adds each sum as the default placement does (``Plan.placement_only``).
+
+    Example:
+        >>> [placement_only(Options(devices=("/CPU:0", "/CPU:1"), deterministic=mode)) for mode in ("on", "off")]
+        [True, False]
+    """
+    if options.deterministic == "auto":
+        return _compat.op_determinism()
+    return options.deterministic == "on"
 
 
 def may_replicate(options: Options, model, graph: OpGraph) -> bool:
@@ -176,7 +192,7 @@ class LoopTime:
 class ProfiledSteps:
     """``fit``'s own steps under TensorFlow's profiler: it starts when made, each step is marked
     between ``enter`` and ``leave``, and ``stop`` returns the kernel times (``close`` stops it
-    without them, after a failure)."""
+    without them, after a failure or when ``fit`` ends first)."""
 
     def __init__(self, quiet: bool):
         self._profiler = StepProfiler(quiet=quiet, lanes=host_lanes())
@@ -202,8 +218,15 @@ class ProfiledSteps:
         return self._profiler.stop()
 
     def close(self) -> None:
-        """Stops the profiler after a failure (whose cause is the one to report)."""
+        """Stops the profiler without reading it (after a failure, whose cause is the one to report,
+        or a ``fit`` that ended first), a step's mark left open included."""
         try:
-            self._profiler.stop()
-        except Exception:  # noqa: BLE001 - already failing
+            if self._marked is not None:
+                self._marked, marked = None, self._marked
+                marked.__exit__(None, None, None)
+        except Exception:  # noqa: BLE001 - already failing, or dropping the profile: the profiler stops anyway
+            pass
+        try:
+            self._profiler.discard()
+        except Exception:  # noqa: BLE001 - as above; no session is left running either way
             pass

@@ -1,12 +1,19 @@
-"""Data parallelism inside ``fit``: a copy of the weights and of the optimizer on every replica's
-device, the all-reduce of the gradients, and one update on every copy.
+"""Data parallelism inside ``fit``: a copy of the weights and of the optimizer's state on every
+replica's device, the all-reduce of the gradients, and one update on every copy.
 
 A data-parallel plan (``Plan.data_parallel``) runs the step once per device on that device's
-share of the batch. The first device's replica uses the model's own variables and optimizer;
-every other device gets a copy of each model variable (trainable and not) and a clone of the
-optimizer built on those copies, with the same state. A replica is traced with the model's
-variables pointing at its copies (Keras 3 keeps the TensorFlow variable behind each Keras
-variable in one attribute), so every op it makes reads and writes its own device's copy.
+share of the batch. The first device's replica uses the model's own variables; every other
+device gets a copy of each model variable (trainable and not) and of each variable the
+optimizer's update writes (its slots, its iteration count, a loss scale's state). A replica is
+traced with the model's and the optimizer's variables pointing at its copies (Keras 3 keeps the
+TensorFlow variable behind each Keras variable in one attribute), so every op it makes reads and
+writes its own device's copy.
+
+Every replica's update is the user's own optimizer, whatever wraps it (a ``LossScaleOptimizer``
+under ``mixed_float16``): what the update only reads — the learning rate and its schedule, weight
+decay, clipping, every setting a callback or the user changes during or between fits — is read
+from that one optimizer, as one device reads it; only its state is per replica.
+
 The gradients are fused into buffers (``planner.sim.ring.fusion_buffers``) and each buffer is summed
 by one TensorFlow collective all-reduce (``Collectives``), so every copy gets the same sum,
 applies the same update and stays equal to the model's own variables. Two kinds of gradient
@@ -33,7 +40,8 @@ __all__ = ["Replicas", "ring_all_reduce", "all_reduce_gradients"]
 
 
 class Replicas:
-    """The per-device copies of a model's variables and optimizer for a data-parallel plan.
+    """The per-device copies of a model's variables and of its optimizer's state for a
+    data-parallel plan (see the module docstring).
 
     Args:
         model: a compiled Keras 3 model whose optimizer is built.
@@ -51,8 +59,10 @@ class Replicas:
         >>> model.optimizer.build(model.trainable_variables)
         >>> replicas = Replicas(model, ["/CPU:0", "/CPU:1"])
         >>> with replicas.swapped(1):
-        ...     print(model.layers[0].kernel.value.device.endswith("CPU:1"))
-        True
+        ...     print(model.layers[0].kernel.value.device.endswith("CPU:1"),
+        ...           model.optimizer.iterations.value.device.endswith("CPU:1"),
+        ...           model.optimizer.learning_rate.value.device.endswith("CPU:0"))  # the user's own
+        True True True
     """
 
     def __init__(self, model, devices: list[str], creating: Callable | None = None):
@@ -65,28 +75,23 @@ class Replicas:
         self.model, self.devices = model, list(devices)
         creating = creating or (lambda device: contextlib.nullcontext())
         self.collectives = Collectives(self.devices, creating)
-        self._variables = [v for v in _compat.model_variables(model) if _compat.is_movable(v)]
         optimizer = model.optimizer
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
+        # The model's variables, then the optimizer's state: everything a replica's step writes.
+        self._variables = [v for v in _compat.model_variables(model) + _compat.optimizer_state(optimizer)
+                           if _compat.is_movable(v)]
         self._copies: list[list[tf.Variable]] = [[_compat.backing_variable(v) for v in self._variables]]
-        self._optimizers = [optimizer]
         for device in self.devices[1:]:
             with tf.init_scope(), creating(device), tf.device(device):
                 self._copies.append([tf.Variable(own.read_value(), trainable=v.trainable,
                                                  name=own.name.split(":")[0])
                                      for v, own in zip(self._variables, self._copies[0])])
-            replica = len(self._copies) - 1
-            with self.swapped(replica), tf.init_scope(), creating(device), tf.device(device):
-                clone = optimizer.__class__.from_config(optimizer.get_config())
-                clone.build(model.trainable_variables)
-                for own, copy in zip(optimizer.variables, clone.variables):
-                    copy.assign(own)
-            self._optimizers.append(clone)
 
     @contextlib.contextmanager
     def swapped(self, replica: int):
-        """While inside, the model's variables are replica ``replica``'s copies (at trace time)."""
+        """While inside, the model's variables and the optimizer's state are replica ``replica``'s
+        copies (at trace time)."""
         if replica == 0:
             yield
             return
@@ -97,18 +102,16 @@ class Replicas:
             self.point_at(0)
 
     def point_at(self, replica: int) -> None:
-        """Points the model's variables at replica ``replica``'s copies (0: the model's own)."""
+        """Points the model's variables and the optimizer's state at replica ``replica``'s copies
+        (0: the model's own)."""
         for variable, copy in zip(self._variables, self._copies[replica]):
             _compat.set_backing_variable(variable, copy)
 
     def refresh(self) -> None:
-        """Gives every copy and every optimizer clone the model's own values (after a step that
-        updated only those, such as a step of the default placement)."""
-        own, optimizer = self._copies[0], self._optimizers[0]
-        for copies, clone in zip(self._copies[1:], self._optimizers[1:]):
-            for value, copy in zip(own, copies):
-                copy.assign(value)
-            for value, copy in zip(optimizer.variables, clone.variables):
+        """Gives every copy the model's own values (after a step that updated only those, such
+        as a step of the default placement)."""
+        for copies in self._copies[1:]:
+            for value, copy in zip(self._copies[0], copies):
                 copy.assign(value)
 
     def trainable(self, replica: int) -> list[tf.Variable]:
@@ -118,13 +121,11 @@ class Replicas:
         return [copy_of[id(variable)] for variable in self.model.trainable_variables]
 
     def apply(self, replica: int, gradients: list) -> None:
-        """Replica ``replica``'s optimizer update with the summed ``gradients`` (inside ``swapped``)."""
-        optimizer = self._optimizers[replica]
-        if replica:  # a learning rate a callback set on the model's optimizer reaches every copy
-            own = self._optimizers[0]._learning_rate
-            if hasattr(own, "assign"):  # a schedule is a function of the copied iteration count
-                optimizer._learning_rate.assign(own)
-        optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
+        """Replica ``replica``'s update with the summed ``gradients`` (inside ``swapped``): the
+        user's optimizer, which knows each variable by the model's own copy of it."""
+        own_of = {id(copy): own for copy, own in zip(self._copies[replica], self._copies[0])}
+        with _compat.keyed_by(self.model.optimizer, lambda backing: own_of.get(id(backing), backing)):
+            self.model.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
 
     def differences(self) -> float:
         """The largest absolute difference between any copy and the model's own variables."""

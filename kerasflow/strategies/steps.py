@@ -279,7 +279,8 @@ class PlannedStep:
         self.__name__ = "train_step"
 
     def __call__(self, data):
-        with _compat.custom_gradients_forgotten():  # the step's gradients are taken inside its trace
+        # The step's gradients are taken inside its trace; the only replica's sum of them is no op.
+        with _compat.custom_gradients_forgotten(), _compat.one_replica_sums_forwarded():
             return self._step(data)
 
     def _step(self, data):

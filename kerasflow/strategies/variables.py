@@ -17,6 +17,7 @@ import tensorflow as tf
 from kerasflow import _compat
 from kerasflow.planner.ir.plan import Plan
 from kerasflow.devices import normalize_device
+from kerasflow.profiling.capture import JOINED
 
 __all__ = ["move_variables", "group_devices", "current_homes", "HomeVariables"]
 
@@ -36,16 +37,30 @@ def _swap(variable, device: str, creating, scope) -> bool:
 
 
 def group_devices(plan: Plan, graph) -> dict[str, str]:
-    """Colocation group (a variable's path) -> the device the plan gives its ops (with data
-    parallelism: the first replica's, which holds the model's own variables)."""
+    """Colocation group (a variable's path; each path of a group of several variables an op reads
+    together, ``"a|b"``) -> the device the plan gives its ops (with data parallelism: the first
+    replica's, which holds the model's own variables).
+
+    Example:
+        >>> from kerasflow.planner import Op, OpGraph
+        >>> graph = OpGraph([Op("loop", cost={"CPU": 1.0}, colocation="lstm/kernel|lstm/bias")], [])
+        >>> group_devices(Plan(placement={"loop": "/CPU:1"}), graph)["lstm/bias"]
+        '/CPU:1'
+    """
     devices = {}
     if graph is None:
         return devices
-    if plan.data_parallel is not None:
-        return {op.colocation: plan.data_parallel.devices[0] for op in graph.ops if op.colocation is not None}
     for op in graph.ops:
-        if op.colocation is not None and op.name in plan.placement:
-            devices.setdefault(op.colocation, plan.placement[op.name])
+        if op.colocation is None:
+            continue
+        if plan.data_parallel is not None:
+            device = plan.data_parallel.devices[0]
+        elif op.name in plan.placement:
+            device = plan.placement[op.name]
+        else:
+            continue
+        for group in (op.colocation, *op.colocation.split(JOINED)):
+            devices.setdefault(group, device)
     return devices
 
 

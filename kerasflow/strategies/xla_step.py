@@ -1,8 +1,9 @@
-"""``XlaStep``: the model's own XLA-compiled step, timed in warm-up: the default placement a plan must beat (callback door).
+"""``XlaStep``: the model's own XLA-compiled step, timed in warm-up: the default placement a plan must beat (both doors).
 
 Keras 3 compiles a step with XLA on a GPU host when no ``tf.distribute`` strategy is in use
 (``jit_compile="auto"``), so a user who adds ``kerasflow.callbacks.FastT()`` to a plain ``fit``
-trains an XLA-compiled step. XLA fuses the step into a few clusters, which erases per-op
+trains an XLA-compiled step; under any strategy, ``FastTStrategy`` included, only an explicit
+``compile(jit_compile=True)`` does. XLA fuses the step into a few clusters, which erases per-op
 placement and per-op profiles, so kerasflow profiles and plans without it; but the default
 placement a plan is judged against stays the user's own step, with XLA:
 
@@ -67,11 +68,15 @@ class XlaStep:
         """The median XLA step timed, seconds per train step (None before one was timed)."""
         return statistics.median(self.times) if self.times else None
 
-    def time_calls(self) -> None:
+    def time_calls(self, first_step: int) -> None:
         """Times the calls of the train function Keras made (the model's own step with XLA), past
-        the compiling ones."""
+        the compiling ones; ``first_step``: the number of ``fit``'s step the next call runs (the
+        driver's count). Once: a train function already timed is left as it is."""
         function = self.model.train_function
+        if getattr(function, "_kerasflow_timing_xla", False):
+            return
         steps = _compat.steps_per_call(self.model)
+        self.calls = first_step
 
         def timed(iterator):
             self.calls += 1
@@ -81,6 +86,7 @@ class XlaStep:
             self.times.append(seconds / steps)
             return outputs
 
+        timed._kerasflow_timing_xla = True
         _compat.override(self.model, "train_function", timed)
 
     def turn_off(self) -> None:

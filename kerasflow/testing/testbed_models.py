@@ -1,7 +1,7 @@
 """The testbed's small Keras models and InceptionV3, each with one batch of synthetic data.
 
-An MLP, an Inception-like CNN, a ResNet-like CNN, an LSTM model and a small Transformer, every
-layer named (a plan's layer names read the same in every run), and
+An MLP, an Inception-like CNN, a ResNet-like CNN, an LSTM model, a small Transformer and a wide
+model of two parallel towers, every layer named (a plan's layer names read the same in every run), and
 ``keras.applications.InceptionV3(weights=None)``; nothing is downloaded. The benchmarks that
 profile, plan and time steps on this machine (``benchmarks/profile_zoo.py``, ``calibration.py``,
 ``cpu_testbed.py``, ``gpu_check.py`` among them) and the tests that compare a planned step with
@@ -16,15 +16,17 @@ from kerasflow.planner.errors import KerasflowError
 
 __all__ = ["build", "NAMES"]
 
-NAMES = ("mlp", "cnn", "resnet", "lstm", "transformer", "inception_v3")
+NAMES = ("mlp", "cnn", "resnet", "lstm", "transformer", "towers", "inception_v3")
 
 
 def build(name: str, keras):
     """A compiled testbed model and one batch of its synthetic data ``(x, y)``.
 
     Args:
-        name: ``"mlp"``, ``"cnn"`` (Inception-like), ``"resnet"``, ``"lstm"``, ``"transformer"``
-            or ``"inception_v3"`` (``keras.applications``, untrained).
+        name: ``"mlp"``, ``"cnn"`` (Inception-like), ``"resnet"``, ``"lstm"``, ``"transformer"``,
+            ``"towers"`` (two towers of three wide Dense layers side by side, joined before the
+            logits: most of the step's work is in branches a placement can run apart) or
+            ``"inception_v3"`` (``keras.applications``, untrained).
         keras: the Keras module to build with (``keras``, or ``tf_keras``).
 
     Example:
@@ -83,6 +85,17 @@ def build(name: str, keras):
         x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
         model = keras.Model(inputs, keras.layers.Dense(10, name="logits")(x), name="small_transformer")
         data = (rng.random((32, 32, 64), dtype=np.float32), rng.integers(0, 10, 32))
+    elif name == "towers":
+        inputs = keras.Input((256,))
+        towers = []
+        for t in range(2):
+            x = inputs
+            for i, width in enumerate((2048, 2048, 256)):
+                x = keras.layers.Dense(width, activation="relu", name=f"tower{t}_dense{i}")(x)
+            towers.append(x)
+        x = keras.layers.Concatenate(name="join")(towers)
+        model = keras.Model(inputs, keras.layers.Dense(10, name="logits")(x), name="towers")
+        data = (rng.random((64, 256), dtype=np.float32), rng.integers(0, 10, 64))
     elif name == "inception_v3":
         model = keras.applications.InceptionV3(weights=None, input_shape=(299, 299, 3), classes=10)
         data = (rng.random((8, 299, 299, 3), dtype=np.float32), rng.integers(0, 10, 8))

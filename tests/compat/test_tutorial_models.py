@@ -51,6 +51,10 @@ from kerasflow.testing.tutorial_runs import (assert_like_plain_keras, fit_argume
 from tests.planned_cluster import CLUSTER_OPTION
 
 EPOCHS = 1
+# MobileNetV2's runs take half a minute to two minutes on two cores: CI runs them in a step of
+# their own (``-m slow``), as it does the other slow tests.
+EACH_PATTERN = [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name == "mobilenet_v2" else [])
+                for p in PATTERNS]
 # Calls of the train function a forced replacement and drop needs: 2 warm-up + 1 profiled + the
 # plan's first step, an untimed default step and TIMED_ROUNDS rounds of 2, then the same for the runner-up.
 FORCED_CALLS = 4 + (1 + 2 * TIMED_ROUNDS) + (2 + 2 * TIMED_ROUNDS)
@@ -124,7 +128,7 @@ def plain_keras_spread(name: str) -> Spread:
                           {**history, "predictions": predictions})
 
 
-@pytest.mark.parametrize("pattern", PATTERNS, ids=[p.name for p in PATTERNS])
+@pytest.mark.parametrize("pattern", EACH_PATTERN)
 def test_pattern_trains_like_plain_keras_in_the_default_configuration(pattern, tmp_path):
     expected = plain_keras(pattern.name)
     watch = PlansThatRan()
@@ -151,7 +155,7 @@ def test_pattern_trains_like_plain_keras_in_the_default_configuration(pattern, t
     check_evaluate_predict_save_load(pattern, model, tmp_path)
 
 
-@pytest.mark.parametrize("pattern", PATTERNS, ids=[p.name for p in PATTERNS])
+@pytest.mark.parametrize("pattern", EACH_PATTERN)
 def test_pattern_trains_like_plain_keras_through_a_forced_replacement_and_drop(pattern):
     epochs = math.ceil(FORCED_CALLS / calls_per_epoch(pattern.name))
     expected = plain_keras(pattern.name, epochs)

@@ -1,5 +1,7 @@
 """Tests of the baseline plans and the lower bound, with hand-computed answers."""
 
+import dataclasses
+
 import pytest
 
 from kerasflow.planner import (
@@ -57,13 +59,31 @@ def test_data_parallel_replicates_weights_and_all_reduces():
     gradients = [o for o in graph.ops if o.name.endswith("_grad_weight")]
     link = c.slowest_link()
     # The gradients (well under 25 MiB together) fuse into one buffer: 2(D-1) ring steps, each
-    # paying the slowest link's latency once and a quarter of the buffer over it.
+    # paying the slowest link's latency once and a quarter of the buffer over it; on GPUs of
+    # their own NCCL runs the ring as one kernel: one launch.
     total = sum(o.output_bytes[0].fixed for o in gradients)
     assert total < 25 * 2**20
-    expected = 2 * 3 * (link.latency + total / (4 * link.bandwidth))
+    expected = 2 * 3 * (link.latency + total / (4 * link.bandwidth)) + c.devices[0].launch_overhead
     rings = [(s, e) for name, (s, e) in result.times().items() if name.endswith("@allreduce")]
     assert len(rings) == 1
     assert rings[0][1] - rings[0][0] == pytest.approx(expected)
+
+
+def test_tensorflows_ring_reducer_pays_a_launch_per_kernel_where_nccl_pays_one():
+    # The same four V100s and links, named as GPUs (NCCL: one kernel) and as devices TensorFlow's
+    # ring reducer sums over (each of the 2(D-1) = 6 steps a receive and a sum: 12 kernels).
+    graph = synthetic.chain_mlp(layers=2, kinds=["V100"])
+    gpus = Cluster.preset("4xV100-pcie")
+    ring = Cluster([dataclasses.replace(d, name=f"/XLA_CPU:{i}") for i, d in enumerate(gpus.devices)], gpus.default_link)
+
+    def allreduce_seconds(cluster):
+        result = simulate(graph, cluster, baselines.data_parallel(graph, cluster))
+        (start, end), = [t for name, t in result.times().items() if name.endswith("@allreduce")]
+        return end - start
+
+    assert gpus.sums_with_nccl(gpus.device_names) and not ring.sums_with_nccl(ring.device_names)
+    launch = gpus.devices[0].launch_overhead
+    assert allreduce_seconds(ring) - allreduce_seconds(gpus) == pytest.approx(11 * launch)
 
 
 def test_lower_bound_is_exact_for_a_chain_on_one_device():

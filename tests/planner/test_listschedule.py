@@ -33,6 +33,22 @@ def test_branches_stay_together_over_slow_links(scheduler):
     assert plan.predicted_step_time == 10.0
 
 
+def test_heft_counts_the_cores_a_transfer_takes_on_the_device_it_goes_to():
+    # a (1 s, D0) feeds c (2 s, ranked first: D0 1-3) and b (1 s); 300 B to the other host arrive
+    # at 1 + 0.2 + 1.5 = 2.7. b on D0 ends at 4, on D1 at 3.7: there. If the receiving core
+    # copies the transfer (0.2 s of gap and 1.5 s of bytes), b on D1 ends at 5.4: it stays on D0.
+    graph = OpGraph([op("a", 1.0, [300]), op("b", 1.0), op("c", 2.0)], [("a", "b", 0), ("a", "c", 0)])
+
+    def on_two_hosts(share):
+        devices = [Device(f"/D:{i}", "X", 10**9, host=i, memory_bandwidth=1e30, launch_overhead=0.0) for i in range(2)]
+        return Cluster(devices, Link(0.2, 200.0), message_gap=0.2, core_share=share)
+
+    plan = heft(graph, on_two_hosts(0.0), memory_limit=None)
+    assert plan.placement["b"] != plan.placement["a"] == plan.placement["c"]
+    plan = heft(graph, on_two_hosts(1.0), memory_limit=None)
+    assert set(plan.placement.values()) == {"/D:0"} and plan.predicted_step_time == 4.0
+
+
 def test_cpop_puts_the_critical_path_on_the_fastest_device():
     c = Cluster([Device("/D:0", "X", 10**9, speed=1.0), Device("/D:1", "X", 10**9, speed=2.0)],
                 Link(0.0, 1e9))

@@ -251,6 +251,24 @@ def test_a_model_that_refused_a_smaller_batch_gets_no_plan_that_hands_a_device_f
         plan(refusing, "4xV100-nvlink", batch_size=2 * graph.batch_size, **settings)
 
 
+def test_placement_only_leaves_out_every_plan_that_sums_in_another_order_with_why():
+    from kerasflow.planner import synthetic
+    from kerasflow.planner.search.planning import candidate_plans
+
+    graph = synthetic.inception_like(blocks=1)
+    settings = {"verbose": 0, "max_split_evaluations": 4}
+    every, _ = candidate_plans(graph, "4xV100-nvlink", **settings)
+    assert any(not p.placement_only for p in every.values())  # replicas, splits and waves, without it
+    kept, misfits = candidate_plans(graph, "4xV100-nvlink", placement_only=True, **settings)
+    assert kept and all(p.placement_only for p in kept.values()) and set(kept) <= set(every)
+    assert [m.name for m in misfits] == ["data_parallel", "op_splitting", "waves"]
+    assert all("sums in another order" in m.reason and "deterministic" in m.reason for m in misfits)
+    assert plan(graph, "4xV100-nvlink", placement_only=True, **settings).excluded == dict(misfits)
+    with pytest.raises(InvalidPlanError, match=r"tick_tock='on' asks for waves.*Received: tick_tock='on', "
+                                               r"placement_only=True"):
+        plan(graph, "4xV100-nvlink", placement_only=True, tick_tock="on", **settings)
+
+
 def test_candidates_that_cannot_be_tried_are_named_with_why_not_reported_as_memory():
     # Asked for data parallelism alone where replicas are not allowed (the in-fit planner does
     # so for a model whose samples are coupled), the planner once raised "No strategy fits the

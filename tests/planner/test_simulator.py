@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kerasflow.planner import (
-    Cluster, DataParallel, Device, Link, InvalidGraphError, InvalidPlanError, OpGraph, Plan, Shard, Waves, lower_bound, simulate,
+    Cluster, DataParallel, Device, Link, InvalidClusterError, InvalidGraphError, InvalidPlanError, OpGraph, Plan, Shard,
+    Waves, lower_bound, simulate,
     synthetic,
 )
 from kerasflow.planner.ir.graphtables import weight_bound_layers
@@ -70,6 +71,62 @@ def test_one_transfer_per_link_at_a_time_and_one_copy_per_destination():
     result = simulate(shared, cluster(2), plan)
     assert result.link_bytes[("/D:0", "/D:1")] == 100.0
     assert result.makespan == 4.0
+
+
+def two_hosts(**figures):
+    """Two devices of kind X on hosts 0 and 1, a link of 0.5 s latency and 100 B/s."""
+    devices = [Device(f"/D:{i}", "X", 10**9, host=i, memory_bandwidth=1e30, launch_overhead=0.0) for i in range(2)]
+    return Cluster(devices, default_link=Link(0.5, 100.0), name="two hosts", **figures)
+
+
+def test_transfers_between_hosts_hold_their_link_only_for_the_message_gap_and_their_bytes():
+    # a's two outputs (100 B each) go to D1. With its latency held, the second waits for the
+    # first: b gets its at 2.5 (1 + 0.5 + 1), c at 4 (2.5 + 0.5 + 1). With a gap of 0.1 s, the
+    # link is free at 1 + 0.1 + 1 = 2.1: c's starts then and arrives at 2.1 + 0.5 + 1 = 3.6.
+    graph = OpGraph([op("a", 1.0, [100, 100]), op("b", 1.0), op("c", 1.0)], [("a", "b", 0), ("a", "c", 1)])
+    plan = Plan(placement={"a": "/D:0", "b": "/D:1", "c": "/D:1"})
+    assert simulate(graph, two_hosts(), plan).times() == {"a": (0.0, 1.0), "b": (2.5, 3.5), "c": (4.0, 5.0)}
+    assert simulate(graph, two_hosts(message_gap=0.1), plan).times() == {
+        "a": (0.0, 1.0), "b": (2.5, 3.5), "c": (3.6, 4.6)}
+    # Within one host a transfer holds its link for its latency whatever the gap.
+    one_host = Cluster([Device(f"/D:{i}", "X", 10**9, memory_bandwidth=1e30, launch_overhead=0.0) for i in range(2)],
+                       default_link=Link(0.5, 100.0), message_gap=0.1)
+    assert simulate(graph, one_host, plan).times()["c"] == (4.0, 5.0)
+
+
+def test_a_step_that_runs_ops_on_another_host_pays_the_dispatch_once():
+    graph = OpGraph([op("a", 1.0, [0]), op("b", 1.0)], [("a", "b", 0)])
+    cluster = two_hosts(step_dispatch=0.25)
+    assert simulate(graph, cluster, Plan(placement={"a": "/D:0", "b": "/D:0"})).makespan == 2.0
+    # On D1 alone, or on both (1 + 0.5 latency + 1), the step pays 0.25 more.
+    assert simulate(graph, cluster, Plan(placement={"a": "/D:1", "b": "/D:1"})).makespan == 2.25
+    assert simulate(graph, cluster, Plan(placement={"a": "/D:0", "b": "/D:1"})).makespan == 2.75
+
+
+def test_a_transfer_whose_cores_copy_it_keeps_both_devices_busy_for_their_share():
+    # a (D0, 1 s) sends 100 B to b (D1): 0.5 s latency, 1 s of bytes, held 1.5 s; a share of 1
+    # keeps each end busy 1.5 s. D0's next op x starts at 1 and ends 1.5 later than its 1 s: 3.5;
+    # D1's y starts at 0, before the transfer, and z, started when y ends at 1, owes the 1.5 s:
+    # 1-3.5; b then runs 3.5-4.5. A share of a half: 0.75 s each.
+    graph = OpGraph([op("a", 1.0, [100]), op("b", 1.0), op("x", 1.0), op("y", 1.0), op("z", 1.0)],
+                    [("a", "b", 0), ("a", "x", None), ("y", "z", None), ("z", "b", None)])
+    plan = Plan(placement={"a": "/D:0", "x": "/D:0", "b": "/D:1", "y": "/D:1", "z": "/D:1"})
+    assert simulate(graph, two_hosts(), plan).times() == {
+        "a": (0.0, 1.0), "x": (1.0, 2.0), "y": (0.0, 1.0), "z": (1.0, 2.0), "b": (2.5, 3.5)}
+    assert simulate(graph, two_hosts(core_share=1.0), plan).times() == {
+        "a": (0.0, 1.0), "x": (1.0, 3.5), "y": (0.0, 1.0), "z": (1.0, 3.5), "b": (3.5, 4.5)}
+    assert simulate(graph, two_hosts(core_share=0.5), plan).times()["z"] == (1.0, 2.75)
+
+
+def test_the_machine_figures_of_tasks_round_trip_and_bad_ones_are_refused():
+    cluster = two_hosts(step_dispatch=1e-3, message_gap=4e-5, core_share=0.5)
+    again = Cluster.from_dict(json.loads(json.dumps(cluster.to_dict())))
+    assert (again.step_dispatch, again.message_gap, again.core_share) == (1e-3, 4e-5, 0.5)
+    assert "step_dispatch" not in two_hosts().to_dict()  # files of clusters without them read as before
+    for figures, match in (({"step_dispatch": -1.0}, "step_dispatch"), ({"message_gap": "fast"}, "message_gap"),
+                           ({"core_share": 1.5}, "core_share is a fraction")):
+        with pytest.raises(InvalidClusterError, match=match):
+            two_hosts(**figures)
 
 
 def test_control_edges_move_no_bytes_but_pay_latency():

@@ -40,6 +40,22 @@ def test_a_tree_of_additions_is_one_group():
     assert found == {"a": f"{FUSED_GROUP}/a", "b": f"{FUSED_GROUP}/a", "c": f"{FUSED_GROUP}/a", "d": None}
 
 
+def test_a_gradient_product_and_the_optimizer_product_that_reads_it_are_one_group():
+    # SGD's learning_rate * gradient, where the gradient is itself a product: Grappler multiplies
+    # the scalar in first, but only with both on one device. The update's subtraction stays apart.
+    found = groups([op("dgamma", "Mul", phase="backward", layer="bn"),
+                    op("lr", "ReadVariableOp", layer=None, phase="update", colocation="sgd/learning_rate"),
+                    op("step", "Mul", ["dgamma", "lr"], layer="bn", phase="update"),
+                    op("assign", "AssignSubVariableOp", ["step"], layer="bn", phase="update", colocation="bn/gamma")])
+    assert found == {"dgamma": f"{FUSED_GROUP}/dgamma", "step": f"{FUSED_GROUP}/dgamma",
+                     "lr": "sgd/learning_rate", "assign": "bn/gamma"}
+
+
+def test_a_product_read_twice_is_not_regrouped():
+    found = groups([op("a", "Mul"), op("b", "Mul", ["a"]), op("c", "Mul", ["a"])])
+    assert found == {"a": None, "b": None, "c": None}
+
+
 def test_a_filter_gradient_and_its_bias_gradient_are_one_group():
     found = groups([op("dy", "ReluGrad", phase="backward", layer="conv"),
                     op("filter", "Conv2DBackpropFilter", ["dy"], phase="backward", layer="conv"),

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from kerasflow.planner import Plan
-from kerasflow.strategies.driver_state import TRANSITIONS, Default, InTrial, Planned, Profiling, WarmingUp
+from kerasflow.strategies.driver_state import AT_FIT_END, TRANSITIONS, Default, InTrial, Planned, Profiling, WarmingUp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +28,7 @@ ONE_OF_EACH = {
 }
 ALLOWED = {
     (WarmingUp, WarmingUp), (WarmingUp, Profiling), (WarmingUp, InTrial), (WarmingUp, Default),
-    (Profiling, InTrial), (Profiling, Default),
+    (Profiling, WarmingUp), (Profiling, InTrial), (Profiling, Default),
     (InTrial, InTrial), (InTrial, Planned), (InTrial, Default),
     (Planned, Default),
 }
@@ -51,6 +51,15 @@ def test_default_is_for_good_and_the_trial_leads_everywhere_but_back():
     assert all(Default in allowed for kind, allowed in TRANSITIONS.items() if kind is not Default)
     assert not any(WarmingUp in TRANSITIONS[kind] or Profiling in TRANSITIONS[kind]
                    for kind in (InTrial, Planned, Default))
+
+
+def test_every_state_has_its_way_out_at_the_end_of_fit_and_it_is_a_transition():
+    assert set(AT_FIT_END) == set(ONE_OF_EACH)
+    for kind, ends in AT_FIT_END.items():
+        assert ends and all(end is kind or end in TRANSITIONS[kind] for end in ends), kind
+    # A profile and a trial never outlive their fit; warm-up counts on, a settled state stays.
+    assert AT_FIT_END[Profiling] == {WarmingUp} and AT_FIT_END[InTrial] == {Planned, Default}
+    assert all(AT_FIT_END[kind] == {kind} for kind in (WarmingUp, Planned, Default))
 
 
 def test_a_plan_is_in_force_only_in_the_trial_and_once_settled():

@@ -227,6 +227,66 @@ def test_tf_keras_models_train_the_same():
         assert strategy.placement_report() is not None  # read back after the rebuild
 
 
+def test_the_callback_plans_tf_keras_models_too():
+    import tf_keras
+
+    x, y = data_for("mlp")
+    tf_keras.utils.set_random_seed(7)
+    expected = fit(models.mlp(tf_keras, dropout=False), x, y)
+    callback = kerasflow.callbacks.FastT(split=False, tick_tock="off", verbose=0, drop_slower_plan=False,
+                                         collaborators=paths.PLANNING)
+    tf_keras.utils.set_random_seed(7)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = fit(models.mlp(tf_keras, dropout=False), x, y, callbacks=[callback])
+    assert loss == pytest.approx(expected, rel=1e-5)
+    assert callback.plan_in_force and not [w for w in caught if "kerasflow" in str(w.message)]
+
+
+# Under TF1-style graphs tf-keras trains with its v1 loop; both doors say so once and train on.
+GRAPH_MODE = """
+import warnings, kerasflow
+kerasflow.devices.virtual_cpus(4)
+import tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+import numpy as np, tf_keras
+x, y = np.ones((64, 8), "float32"), np.ones((64, 1), "float32")
+def build():
+    model = tf_keras.Sequential([tf_keras.layers.Dense(4, input_shape=(8,)), tf_keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    return model
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    strategy = kerasflow.FastTStrategy(verbose=0)
+    with strategy.scope():
+        model = build()
+    for _ in range(2):
+        model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    callback = kerasflow.callbacks.FastT(verbose=0)
+    model = build()
+    for _ in range(2):
+        model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[callback])
+for w in caught:
+    if str(w.message).startswith("kerasflow:"):
+        print("SAID", str(w.message))
+print("PLANS", strategy.plan, callback.plan)
+"""
+
+
+def test_tf1_graph_mode_trains_as_one_device_and_says_so_once_per_door():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", GRAPH_MODE], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = [line for line in run.stdout.splitlines() if line.startswith("SAID")]
+    assert len(said) == 2 and all("TF1-style graphs" in line and "nothing profiled or planned" in line
+                                  for line in said), said
+    assert "FastTStrategy trains as tf.distribute.OneDeviceStrategy on /CPU:0" in said[0]
+    assert "this fit trains as without the callback" in said[1]
+    assert "PLANS None None" in run.stdout
+
+
 def test_a_planning_failure_warns_once_and_training_goes_on():
     def broken(request):
         raise RuntimeError("planner exploded")
@@ -268,7 +328,7 @@ def test_one_device_warns_and_trains():
     assert fit(build_under(strategy, "mlp"), x, y) == pytest.approx(baseline("mlp"), rel=1e-5)
 
 
-def test_jit_compile_is_turned_off_with_the_reason(capsys):
+def test_jit_compile_is_timed_first_with_the_reason(capsys):
     x, y = data_for("mlp")
     strategy = kerasflow.FastTStrategy(split=False, tick_tock="off", collaborators=paths.PLANNING)
     keras.utils.set_random_seed(7)
@@ -278,7 +338,8 @@ def test_jit_compile_is_turned_off_with_the_reason(capsys):
                       jit_compile=True)
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=2, shuffle=False)  # verbose=0 would silence kerasflow
     out = capsys.readouterr().out
-    assert "jit_compile turned off" in out and "kerasflow: 4 devices" in out
+    assert "the model compiles its step with XLA (jit_compile): its first 4 steps run as compiled" in out
+    assert "kerasflow: 4 devices" in out and strategy.report.xla_step_time > 0
 
 
 def test_custom_train_step_gets_placement_only(capsys):

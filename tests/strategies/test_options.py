@@ -34,7 +34,7 @@ def test_the_defaults():
     assert options == Options(devices=("/CPU:0", "/CPU:1"), cluster=None, plan=None, warmup_steps=2,
                               profile_steps=3, split="auto", tick_tock="auto", replicated="auto", memory_limit=None,
                               log_dir=None, verbose="auto", on_mismatch="error", drop_slower_plan=True,
-                              max_split_evaluations=16)
+                              deterministic="auto", max_split_evaluations=16)
     # The devices come in as any sequence and are kept as a tuple (the object is hashable).
     assert options.devices == ("/CPU:0", "/CPU:1")
     assert hash(options) == hash(Options.from_arguments(devices=tuple(DEVICES)))
@@ -137,14 +137,14 @@ def test_a_model_with_its_own_train_step_is_never_split(split):
     assert may_split(options_for(cluster, split=split), cluster, own_train_step=True) is False
 
 
-@pytest.mark.parametrize("name", ["tick_tock", "replicated"])
+@pytest.mark.parametrize("name", ["tick_tock", "replicated", "deterministic"])
 @pytest.mark.parametrize("raw, value", [("auto", "auto"), ("on", "on"), ("off", "off"), (" ON ", "on"),
                                         ("Auto", "auto")])
 def test_a_three_way_setting_takes_auto_on_or_off(name, raw, value):
     assert getattr(Options.from_arguments(devices=DEVICES, **{name: raw}), name) == value
 
 
-@pytest.mark.parametrize("name", ["tick_tock", "replicated"])
+@pytest.mark.parametrize("name", ["tick_tock", "replicated", "deterministic"])
 @pytest.mark.parametrize("raw, shown", [
     # Strings only: True would hide whether "on" (always) or "auto" was meant.
     (True, "True"), (False, "False"), (1, "1"), (0, "0"),
@@ -233,7 +233,7 @@ EVERY_VARIABLE = {
     "KERASFLOW_WARMUP_STEPS": "5", "KERASFLOW_PROFILE_STEPS": "4", "KERASFLOW_SPLIT": "yes",
     "KERASFLOW_TICK_TOCK": "ON", "KERASFLOW_REPLICATED": "off", "KERASFLOW_MEMORY_LIMIT": "1e9",
     "KERASFLOW_LOG_DIR": "/tmp/logs", "KERASFLOW_VERBOSE": "0", "KERASFLOW_ON_MISMATCH": "replan",
-    "KERASFLOW_DROP_SLOWER_PLAN": "false", "KERASFLOW_MAX_SPLIT_EVALUATIONS": "7",
+    "KERASFLOW_DROP_SLOWER_PLAN": "false", "KERASFLOW_MAX_SPLIT_EVALUATIONS": "7", "KERASFLOW_DETERMINISTIC": "On",
 }
 
 
@@ -242,7 +242,7 @@ def test_environment_variables_fill_the_settings_left_at_none(monkeypatch):
         monkeypatch.setenv(variable, text)
     from_variables = dict(warmup_steps=5, profile_steps=4, split="on", tick_tock="on", replicated="off",
                           memory_limit=1e9, log_dir="/tmp/logs", verbose=0, on_mismatch="replan",
-                          drop_slower_plan=False, max_split_evaluations=7)
+                          drop_slower_plan=False, deterministic="on", max_split_evaluations=7)
     # Left out, or passed as None: the same.
     assert Options.from_arguments(devices=DEVICES) == Options(devices=DEVICES, **from_variables)
     assert Options.from_arguments(devices=DEVICES, warmup_steps=None, split=None) == Options(devices=DEVICES,
@@ -253,7 +253,8 @@ def test_a_given_argument_wins_over_its_environment_variable(monkeypatch):
     for variable, text in EVERY_VARIABLE.items():
         monkeypatch.setenv(variable, text)
     given = dict(warmup_steps=3, profile_steps=2, split="off", tick_tock="off", replicated="on", memory_limit=2e9,
-                 log_dir="/tmp/mine", verbose=2, on_mismatch="error", drop_slower_plan=True, max_split_evaluations=3)
+                 log_dir="/tmp/mine", verbose=2, on_mismatch="error", drop_slower_plan=True, deterministic="off",
+                 max_split_evaluations=3)
     assert Options.from_arguments(devices=DEVICES, **given) == Options(devices=DEVICES, **given)
 
 

@@ -1,6 +1,6 @@
-"""XLA as the user had it: the callback door times the model's own XLA-compiled step in warm-up,
-judges every plan against it and gives XLA back whenever it keeps the default placement; the
-strategy turns XLA off, and profiling says it profiles without it.
+"""XLA as the user had it, through both doors: the model's own XLA-compiled step is timed in
+warm-up, every plan is judged against it, and XLA is back whenever the default placement is kept
+(``model.jit_compile`` True after ``fit``); profiling says it profiles without it.
 
 On CPUs XLA compiles with ``jit_compile=True`` (what ``"auto"`` resolves to on a GPU host). The
 verdicts are forced with scripted seconds (every step still runs); the outputs are held to plain
@@ -20,6 +20,7 @@ import tensorflow as tf
 import kerasflow
 from kerasflow import _compat
 from kerasflow.devices import LocalGPU
+from kerasflow.planner import Plan
 from kerasflow.strategies import Collaborators
 from kerasflow.strategies.xla_step import COMPILING_STEPS, TIMED_STEPS
 from kerasflow.testing import ScriptedStopwatch
@@ -81,70 +82,94 @@ def plain():
     return with_xla, weights_apart(with_xla, without)
 
 
-def fit_with_callback(seconds: dict, planner=None):
-    """The callback door on the MLP compiled with XLA, its verdicts forced by ``seconds``."""
-    model = build(True)
-    callback = kerasflow.callbacks.FastT(**paths.OPTIONS, collaborators=Collaborators(
-        planner=planner or paths.planner("heft"), stopwatch=ScriptedStopwatch(seconds)))
+def fit_through(door: str, seconds: dict, planner=None):
+    """The MLP compiled with XLA trained through ``door`` ("strategy" or "callback"), its verdicts
+    forced by ``seconds``: the model, what the door reports, and kerasflow's warnings."""
+    collaborators = Collaborators(planner=planner or paths.planner("heft"), stopwatch=ScriptedStopwatch(seconds))
+    if door == "strategy":
+        handle = kerasflow.FastTStrategy(**paths.OPTIONS, collaborators=collaborators)
+        with handle.scope():
+            model = build(True)
+        callbacks = []
+    else:
+        model = build(True)
+        handle = kerasflow.callbacks.FastT(**paths.OPTIONS, collaborators=collaborators)
+        callbacks = [handle]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fit(model, callbacks=[callback])
-    return model, callback, [str(w.message) for w in caught if str(w.message).startswith("kerasflow:")]
+        fit(model, callbacks=callbacks)
+    return model, handle, [str(w.message) for w in caught if str(w.message).startswith("kerasflow:")]
 
 
-def test_no_plan_predicted_faster_than_the_xla_step_keeps_it(plain):
+def driver_of(handle):
+    return handle._driver_of() if isinstance(handle, kerasflow.FastTStrategy) else handle.driver
+
+
+DOORS = ["strategy", "callback"]
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_no_plan_predicted_faster_than_the_xla_step_keeps_it(plain, door):
     reference, spread = plain
-    model, callback, said = fit_with_callback({None: 1e-9})  # faster than any prediction
-    report = callback.report
+    model, handle, said = fit_through(door, {None: 1e-9})  # faster than any prediction
+    report = handle.report
     assert report.xla_step_time == pytest.approx(1e-9)
     assert report.algorithm == "default_placement" and "with XLA" in report.summary
     assert report.measured_step_time is None  # nothing was tried
-    assert callback.placement_report().fallback.startswith("no plan is predicted faster than the model's own step "
-                                                          "with XLA: the best, heft")
-    assert model.jit_compile is True and compiled_with_xla(model.train_function)
-    assert callback.collaborators.stopwatch.counts == {None: TIMED_STEPS}  # the steps after XLA compiled
+    assert handle.placement_report().fallback.startswith("no plan is predicted faster than the model's own step "
+                                                        "with XLA: the best, heft")
+    assert model.jit_compile is True and compiled_with_xla(driver_of(handle).model.train_function)
+    assert driver_of(handle).collaborators.stopwatch.counts == {None: TIMED_STEPS}  # the steps after XLA compiled
     assert not said
     assert weights_apart(model, reference) <= 10 * spread
 
 
-def test_a_plan_slower_than_the_xla_step_beside_it_gives_xla_back(plain):
+@pytest.mark.parametrize("door", DOORS)
+def test_a_plan_slower_than_the_xla_step_beside_it_gives_xla_back(plain, door):
     reference, spread = plain
-    model, callback, said = fit_with_callback({None: 1.0, "heft": 2.0})
-    report = callback.report
+    model, handle, said = fit_through(door, {None: 1.0, "heft": 2.0})
+    report = handle.report
     assert report.xla_step_time == 1.0 and report.default_step_time == 1.0 and report.measured_step_time == 2.0
     assert "slower than the default placement with XLA's 1000.00 ms" in report.plan_dropped
     assert said == [f"kerasflow: {report.plan_dropped}; training continues on the default placement. Pass "
                     "drop_slower_plan=False to keep a slower plan."]
     assert model.jit_compile is True and compiled_with_xla(model.train_function)  # the trial's, timed beside it
-    assert not callback.plan_in_force
+    assert not handle.plan_in_force
     assert weights_apart(model, reference) <= 10 * spread
 
 
-def test_a_plan_faster_than_the_xla_step_stays_without_xla(plain):
+@pytest.mark.parametrize("door", DOORS)
+def test_a_plan_faster_than_the_xla_step_stays_without_xla(plain, door):
     reference, spread = plain
-    model, callback, said = fit_with_callback({None: 1.0, "heft": 0.5})
-    report = callback.report
+    model, handle, said = fit_through(door, {None: 1.0, "heft": 0.5})
+    report = handle.report
     assert report.algorithm == "heft" and report.xla_step_time == 1.0
     assert report.default_step_time == 1.0 and report.measured_step_time == 0.5
     assert "the default placement with XLA measured 1000.00 ms in alternating steps: 2.00x" in report.measured_summary
-    assert callback.plan_in_force and model.jit_compile is False and not said
+    assert handle.plan_in_force and model.jit_compile is False and not said
     assert weights_apart(model, reference) <= 10 * spread
 
 
 def test_xla_steps_come_before_kerasflow_own_warm_up():
-    model, callback, _ = fit_with_callback({None: 1e-9})
+    model, callback, _ = fit_through("callback", {None: 1e-9})
     assert callback.driver.xla.steps == COMPILING_STEPS + TIMED_STEPS == 4
     assert callback.report.settled_step is None and callback.profile is not None
 
 
-def test_the_strategy_turns_xla_off_and_says_plans_are_judged_without_it(capsys):
-    strategy = kerasflow.FastTStrategy(**{**paths.OPTIONS, "verbose": 1}, collaborators=paths.PLANNING)
-    with strategy.scope():
-        model = build(True)
-    fit(model)
+@pytest.mark.parametrize("door", DOORS)
+def test_a_plan_given_up_front_runs_without_xla_and_says_why(door, capsys):
+    given = Plan(placement={}, batch_size=BATCH, algorithm="given")  # every op where TensorFlow puts it
+    options = {**paths.OPTIONS, "verbose": 1, "plan": given}
+    if door == "strategy":
+        handle = kerasflow.FastTStrategy(**options)
+        with handle.scope():
+            model = build(True)
+    else:
+        model, handle = build(True), kerasflow.callbacks.FastT(**options)
+    fit(model, callbacks=[handle] if door == "callback" else [])
     out = capsys.readouterr().out
     assert "jit_compile turned off" in out and "judged against the default placement without XLA" in out
-    assert model.jit_compile is False and strategy.report.xla_step_time is None
+    assert handle.plan_in_force and model.jit_compile is False and handle.report.xla_step_time is None
 
 
 def test_keras_compiles_with_xla_by_itself_only_on_a_gpu_host():

@@ -133,6 +133,21 @@ class Cluster:
         name: a label (presets use their preset name).
         shared: groups of devices that draw on one pool of compute (``SharedCompute``: logical
             CPUs of one host); a device is in at most one. Others are independent.
+        step_dispatch: seconds a step pays once when it runs ops on a host other than the first
+            device's: TensorFlow's runtime hands each other task its part of the step, and
+            gathers what it returns, by a remote call per step (measured on ``kerasflow.testbed``:
+            about 1 ms over loopback). 0 (the default): nothing.
+        message_gap: seconds a transfer between two hosts holds its link beyond its bytes (the
+            sender's and receiver's handling of one message). Its latency beyond that overlaps
+            the transfers that follow: gRPC keeps several in flight (over loopback, 16 transfers
+            of a few bytes took about 60 us each in flight, 200 us each one after another). None
+            (the default): a transfer holds its link for its whole latency.
+        core_share: the fraction of the time a transfer between two hosts holds its link that
+            the sending and the receiving device each spend on it, not computing: their own
+            cores copy the bytes through the network stack (CPU tasks over TCP: on
+            ``kerasflow.testbed`` a matmul chain on a task took about the time of a 16 MiB
+            transfer longer while the task sent or received it, so 1 there). 0 (the default):
+            devices compute while their links carry (GPUs' copy engines, NICs).
 
     Raises:
         InvalidClusterError: duplicate or unknown devices, or bad figures.
@@ -153,6 +168,9 @@ class Cluster:
         *,
         name: str = "",
         shared: Iterable[SharedCompute] = (),
+        step_dispatch: float = 0.0,
+        message_gap: float | None = None,
+        core_share: float = 0.0,
     ):
         self._devices = tuple(devices)
         if not self._devices:
@@ -177,15 +195,29 @@ class Cluster:
             self._links[pair] = _check_link(link, f"link {pair[0]} -> {pair[1]}")
         self._name = str(name)
         self._shared = self._check_shared(shared)
+        self._step_dispatch = _figure(step_dispatch, "step_dispatch", "cluster: ", "non-negative")
+        self._message_gap = None if message_gap is None else _figure(message_gap, "message_gap", "cluster: ",
+                                                                      "non-negative")
+        self._core_share = _figure(core_share, "core_share", "cluster: ", "non-negative")
+        if self._core_share > 1:
+            raise InvalidClusterError(f"core_share is a fraction of a transfer's time, from 0 to 1. Received: "
+                                      f"core_share={core_share!r}")
         n = len(self._devices)
-        # Dense matrices for the simulator's inner loop.
+        # Dense matrices for the simulator's inner loop: a transfer arrives after its link's
+        # latency and holds the link for its gap (the whole latency, unless message_gap is less).
         self.latency_matrix = [[0.0] * n for _ in range(n)]
+        self.gap_matrix = [[0.0] * n for _ in range(n)]
+        # Per pair, the share of a transfer's time each end's core spends on it (between hosts).
+        self.core_share_matrix = [[self._core_share if da.host != db.host and a != b else 0.0
+                                   for b, db in enumerate(self._devices)] for a, da in enumerate(self._devices)]
         self.inverse_bandwidth_matrix = [[0.0] * n for _ in range(n)]
         for a, da in enumerate(self._devices):
             for b, db in enumerate(self._devices):
                 if a != b:
                     link = self.link(da.name, db.name)
                     self.latency_matrix[a][b] = link.latency
+                    between_hosts = self._message_gap is not None and da.host != db.host
+                    self.gap_matrix[a][b] = min(link.latency, self._message_gap) if between_hosts else link.latency
                     self.inverse_bandwidth_matrix[a][b] = 1.0 / link.bandwidth
 
     @classmethod
@@ -247,7 +279,22 @@ class Cluster:
             >>> Cluster.preset("logical-cpus:2").independent().shared
             ()
         """
-        return Cluster(self._devices, self._default, self._links, name=self._name)
+        return Cluster(self._devices, self._default, self._links, name=self._name, step_dispatch=self._step_dispatch,
+                       message_gap=self._message_gap, core_share=self._core_share)
+
+    def sums_with_nccl(self, names: Iterable[str]) -> bool:
+        """Whether kerasflow sums over the named devices with NCCL (``strategies.collectives``): all
+        GPUs, no two carved from one card (NCCL refuses two ranks on one card); else TensorFlow's
+        own ring reducer runs the sum.
+
+        Example:
+            >>> Cluster.preset("4xV100-nvlink").sums_with_nccl(["/GPU:0", "/GPU:1"])
+            True
+            >>> Cluster.preset("logical-cpus:2").sums_with_nccl(["/CPU:0", "/CPU:1"])
+            False
+        """
+        names = list(names)
+        return all("GPU" in n.upper().rsplit("/", 1)[-1] for n in names) and not self.shares_compute(names)
 
     def shares_compute(self, names: Iterable[str]) -> bool:
         """Whether two of the named devices draw on one pool of compute.
@@ -264,6 +311,35 @@ class Cluster:
     def devices(self) -> tuple[Device, ...]:
         """The devices, in order."""
         return self._devices
+
+    @property
+    def step_dispatch(self) -> float:
+        """Seconds a step running ops on another host than the first device's pays once (see the class)."""
+        return self._step_dispatch
+
+    @property
+    def message_gap(self) -> float | None:
+        """Seconds a transfer between hosts holds its link beyond its bytes (None: its latency)."""
+        return self._message_gap
+
+    @property
+    def core_share(self) -> float:
+        """The share of a transfer between hosts each of its devices spends copying it (see the class)."""
+        return self._core_share
+
+    def dispatch_for(self, used: Iterable[int]) -> float:
+        """The dispatch a step pays that runs ops on the devices of indices ``used``.
+
+        Example:
+            >>> devices = [Device(f"/job:worker/replica:0/task:{h}/device:CPU:0", "CPU", 2**30, host=h) for h in (0, 1)]
+            >>> cluster = Cluster(devices, Link(2e-4, 1e9), step_dispatch=1e-3)
+            >>> cluster.dispatch_for([0]), cluster.dispatch_for([0, 1])
+            (0.0, 0.001)
+        """
+        if not self._step_dispatch:
+            return 0.0
+        first = self._devices[0].host
+        return self._step_dispatch if any(self._devices[i].host != first for i in used) else 0.0
 
     @property
     def device_names(self) -> list[str]:
@@ -337,7 +413,9 @@ class Cluster:
             kept = tuple(d for d in pool.devices if d in names)
             if len(kept) > 1:
                 shared.append(dataclasses.replace(pool, devices=kept))
-        return Cluster(devices, self._default, links, name=f"{self._name}[{len(names)}]", shared=shared)
+        return Cluster(devices, self._default, links, name=f"{self._name}[{len(names)}]", shared=shared,
+                       step_dispatch=self._step_dispatch, message_gap=self._message_gap,
+                       core_share=self._core_share)
 
     # ------------------------------------------------------------------ presets
     @staticmethod
@@ -392,13 +470,17 @@ class Cluster:
             "default_link": self._default._asdict(),
             "links": [{"src": s, "dst": d, **l._asdict()} for (s, d), l in self._links.items()],
             "shared": [pool.to_dict() for pool in self._shared],
+            **({"step_dispatch": self._step_dispatch} if self._step_dispatch else {}),
+            **({"message_gap": self._message_gap} if self._message_gap is not None else {}),
+            **({"core_share": self._core_share} if self._core_share else {}),
         }
 
     @classmethod
     def from_dict(cls, data: Any) -> "Cluster":
         """Builds a cluster from ``to_dict`` data, validating everything."""
         _jsonio.check_header(data, _CLUSTER_KIND, CLUSTER_FORMAT_VERSION)
-        _jsonio.check_fields(data, {"name", "devices", "links", "default_link", "shared"}, "cluster")
+        _jsonio.check_fields(data, {"name", "devices", "links", "default_link", "shared", "step_dispatch",
+                                    "message_gap", "core_share"}, "cluster")
         devices_data = data.get("devices")
         if not isinstance(devices_data, list):
             raise InvalidClusterError("field 'devices' must be a list of device objects.")
@@ -421,7 +503,9 @@ class Cluster:
         if not isinstance(shared, list):
             raise InvalidClusterError(f"field 'shared' must be a list of groups of devices. Received: {shared!r}")
         return cls(devices, data.get("default_link", PCIE3), links, name=data.get("name", ""),
-                   shared=[SharedCompute.from_dict(item) for item in shared])
+                   shared=[SharedCompute.from_dict(item) for item in shared],
+                   step_dispatch=data.get("step_dispatch", 0.0), message_gap=data.get("message_gap"),
+                   core_share=data.get("core_share", 0.0))
 
     def save(self, path) -> None:
         """Writes the cluster as JSON."""

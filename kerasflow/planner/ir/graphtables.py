@@ -33,9 +33,9 @@ WEIGHT_READING_LOOPS = frozenset({"While", "StatelessWhile"})
 # Keras layer can be named so (a TensorFlow name scope cannot start with "<").
 LOSS_GROUP = "<loss>"
 # The colocation groups of chains TensorFlow runs as one kernel (a convolution with its bias and
-# activation, a filter's gradient with its bias' gradient, a tree of additions: the profile's
-# ``capture._fusion_groups``), each named ``FUSED_GROUP/<its first op>``; no plan puts their ops
-# apart, and the applier orders no other op between them.
+# activation, a filter's gradient with its bias' gradient, a tree of additions or of products:
+# the profile's ``capture._fusion_groups``), each named ``FUSED_GROUP/<its first op>``; no plan
+# puts their ops apart, and the applier orders no other op between them.
 FUSED_GROUP = "kerasflow:fused"
 _LOSS_SCOPE = "compile_loss/"
 _GRADIENT_PREFIX = "gradient_tape/"

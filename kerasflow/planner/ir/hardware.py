@@ -51,4 +51,6 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
     # One logical CPU of the testbed: one core with AVX2 FMA at ~3 GHz (2 x 8-wide FMA
     # = 96 GFLOPS peak) and a share of DDR4 bandwidth (~20 GB/s); TF op dispatch ~10 us.
     "CPU": DeviceSpec("CPU", 96e9, 20e9, 4 * GiB, 10e-6),
+    # A task of the independent-device testbed (kerasflow.testbed): the same core, its own kind.
+    "CPU-core": DeviceSpec("CPU-core", 96e9, 20e9, 4 * GiB, 10e-6),
 }

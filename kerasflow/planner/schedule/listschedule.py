@@ -159,6 +159,10 @@ class _ListScheduler:
         self.heap: list[tuple[float, int, int]] = []
         self._arrival_on = _arrival_function(self.device, self.finish, self.copies, self.link_free,
                                              cluster.latency_matrix, cluster.inverse_bandwidth_matrix)
+        # Where a transfer's cores copy it (Cluster.core_share), the receiving device spends that
+        # share of it, as the simulator has it: an op fed from another host takes that much longer.
+        self.copying_share = cluster.core_share_matrix if cluster.core_share else None
+        self.gap, self.inverse = cluster.gap_matrix, cluster.inverse_bandwidth_matrix
 
     def run(self, priority: list[float]) -> Schedule:
         """Schedules every task, highest ``priority`` first among the ready ones."""
@@ -219,6 +223,7 @@ class _ListScheduler:
         for d in candidates:
             ready = 0.0
             received = 0.0
+            copying = 0.0
             for p, nbytes in preds[t]:
                 if is_deferred[p]:
                     arrival = deferred_cost[group_of[p]][device_class[d]]
@@ -226,6 +231,8 @@ class _ListScheduler:
                     arrival, new = arrival_on(p, nbytes, d)
                     if new:
                         received += nbytes
+                        if self.copying_share is not None:
+                            copying += self._copying(p, nbytes, d)
                 if arrival > ready:
                     ready = arrival
             need = own_bytes + received
@@ -234,7 +241,7 @@ class _ListScheduler:
                 largest_free = max(largest_free, free)
                 smallest_need = min(smallest_need, need)
                 continue
-            duration = class_costs[device_class[d]][t]
+            duration = class_costs[device_class[d]][t] + copying
             begin = slot(d, ready, duration)
             key = (0 if preferred == d else 1, begin + duration, d) if preferred is not None else (
                 begin + duration, d)
@@ -248,22 +255,30 @@ class _ListScheduler:
     def _commit(self, t: int, d: int, g: int) -> None:
         """Places ``t`` on ``d`` with its input transfers (deferred inputs are placed for real now)."""
         ready = 0.0
+        copying = 0.0
         for p, nbytes in self.preds[t]:
             arrival, new = self._arrival_on(p, nbytes, d)
             if new:
+                if self.copying_share is not None:
+                    copying += self._copying(p, nbytes, d)
                 self.link_free[self.device[p]][d] = arrival
                 self.copies[p].append((d, nbytes, arrival))
                 self.live[d] += nbytes
             if arrival > ready:
                 ready = arrival
-        self._place(t, d, ready)
+        self._place(t, d, ready, copying)
         self.live[d] += self.out_total[t] + (self.tg.persistent[t] if g < 0 else 0.0)
         for p, _ in self.preds[t]:
             self._release(p)
         self._done(t)
 
-    def _place(self, t: int, d: int, ready: float) -> None:
-        duration = self.class_costs[self.device_class[d]][t]
+    def _copying(self, p: int, nbytes: float, d: int) -> float:
+        """Seconds device ``d``'s cores spend receiving ``nbytes`` of ``p``'s from its device."""
+        src = self.device[p]
+        return self.copying_share[src][d] * (self.gap[src][d] + nbytes * self.inverse[src][d])
+
+    def _place(self, t: int, d: int, ready: float, copying: float = 0.0) -> None:
+        duration = self.class_costs[self.device_class[d]][t] + copying
         begin = self.timelines.occupy(d, t, ready, duration)
         self.device[t], self.start[t], self.finish[t] = d, begin, begin + duration
 

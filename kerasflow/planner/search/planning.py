@@ -142,7 +142,8 @@ class _Lineup(NamedTuple):
 def _lineup(request: PlanRequest) -> _Lineup:
     """The request's lineup: the candidates asked for that apply (on one device, only
     ``single_device``), less, for a model that refused a smaller batch, every one that hands a
-    device fewer rows than the batch."""
+    device fewer rows than the batch, and with ``placement_only`` every one that adds sums in
+    another order (replicas, op splitting, waves), each left out with why."""
     waves = _waves_wanted(request.graph, request.tick_tock)
     if len(request.cluster) < 2:
         names = ("single_device",)
@@ -150,14 +151,20 @@ def _lineup(request: PlanRequest) -> _Lineup:
         names = tuple(name for name in request.candidates if REGISTRY[name].applies(request)
                       and (request.replicated or not REGISTRY[name].replicated))
     refused = refused_batch_sizes(request.graph)
-    if not refused:
+    if refused:
+        why = (f"hands a device fewer rows than the batch of {request.batch}, and the model refused a batch of "
+               f"{refused[0]} while it was profiled")
+    elif request.placement_only:
+        why = ("adds sums in another order than the default placement (each replica's, shard's or wave's part of a "
+               "sum), and only plans that compute bit for bit as it were asked for (placement_only: deterministic "
+               "training)")
+    else:
         return _Lineup(names, request.split, waves, ())
-    why = (f"hands a device fewer rows than the batch of {request.batch}, and the model refused a batch of "
-           f"{refused[0]} while it was profiled")
-    fewer_rows = [name for name in names if REGISTRY[name].replicated]
-    fewer_rows += ["op_splitting"] * (request.split and len(request.cluster) > 1) + ["waves"] * waves
-    return _Lineup(tuple(n for n in names if n not in fewer_rows), False, False,
-                   tuple(Misfit(name, why) for name in fewer_rows))
+    # The candidates that cut the batch: these are the ones that hand a device fewer rows and the
+    # ones that sum each part's share in another order.
+    cut = [name for name in names if REGISTRY[name].replicated]
+    cut += ["op_splitting"] * (request.split and len(request.cluster) > 1) + ["waves"] * waves
+    return _Lineup(tuple(n for n in names if n not in cut), False, False, tuple(Misfit(name, why) for name in cut))
 
 
 def _untried(request: PlanRequest, lineup: _Lineup) -> list[Misfit]:

@@ -50,6 +50,10 @@ class PlanRequest:
             comes before ``data_parallel`` in trial order: it waits for no ring, so it is the
             simpler plan and wins a tie. Off (the default): every data-parallel plan keeps one
             device's math.
+        placement_only: only plans that add no sum in another order (``Plan.placement_only``: no
+            replicas, no split layer, no waves), which compute as the default placement bit for
+            bit; every candidate left out for it is named in ``Plan.excluded`` with that reason
+            (what ``deterministic`` asks for inside ``fit``).
         tie_margin: candidates predicted within this fraction of the fastest count as tied,
             and the first of them in trial order (the simplest) wins; 0 keeps the fastest.
             None (the default): ``tie_margin_for(graph)``, from the profile's own noise.
@@ -64,7 +68,7 @@ class PlanRequest:
         InvalidClusterError: ``cluster`` is neither a ``Cluster``, a preset nor a cluster file.
         InvalidPlanError: an unknown candidate or ``tick_tock`` mode, a ``batch_size`` that is
             no whole number, one other than the graph's for a model that refused a smaller
-            batch, or a ``tie_margin`` outside [0, 1).
+            batch, a ``tie_margin`` outside [0, 1), or ``tick_tock="on"`` with ``placement_only``.
         InsufficientMemoryError: a ``memory_headroom`` outside [0, 1).
 
     Example:
@@ -89,6 +93,7 @@ class PlanRequest:
     candidates: tuple[str, ...] = CANDIDATES
     replicated: bool = True
     replica_statistics: bool = False
+    placement_only: bool = False
     tie_margin: float | None = None
     progress: Callable[[str], None] | None = None
     verbose: bool | int = True
@@ -102,6 +107,10 @@ class PlanRequest:
             raise InvalidPlanError(f"Unknown candidate(s) {unknown}; choose from {list(CANDIDATES)}.")
         if self.tick_tock not in TICK_TOCK_MODES:
             raise InvalidPlanError(f"tick_tock must be one of {TICK_TOCK_MODES}; received {self.tick_tock!r}.")
+        if self.tick_tock == "on" and self.placement_only:
+            raise InvalidPlanError("tick_tock='on' asks for waves, which add the two waves' gradients in another "
+                                   "order, and placement_only=True allows none (deterministic training asks for it). "
+                                   "Pass tick_tock='auto' or 'off'. Received: tick_tock='on', placement_only=True")
         if self.batch_size is not None:
             check_number(self.batch_size, "batch_size", InvalidPlanError, kind="count",
                          fix="pass the batch to plan for")

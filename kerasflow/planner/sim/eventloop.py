@@ -2,8 +2,12 @@
 
 A device runs its tasks in its order where it has one, otherwise the ready task of smallest
 priority first; an auxiliary copy (a split, a concat, a sum) runs as soon as it is ready. A tensor
-crossing devices occupies its directed link for ``latency + bytes / bandwidth``, one transfer at a
-time per link, and is sent once per destination device. How many tasks run at once and how long
+crossing devices arrives ``latency + bytes / bandwidth`` after it starts and holds its directed link
+meanwhile, one transfer at a time per link (between hosts with a ``Cluster.message_gap``, only
+for that gap and its bytes: the rest of its latency overlaps the transfers after it), and is
+sent once per destination device. Where ``Cluster.core_share`` is set, each of a transfer's two
+devices owes that share of the time it holds its link (its cores copy it), and the next task it
+starts ends that much later. How many tasks run at once and how long
 each takes is the ``Compute``'s: on independent devices (``exclusive``) one task at a time per
 device, for its duration; on devices that share compute, ``sharedpools.shared_pools``.
 
@@ -91,6 +95,8 @@ class EventLoop:
         # Per resource, its auxiliary copies waiting in its queue; whether an op ever started past one.
         self.is_copy = [role != "op" for role in tg.role]
         self.copies_waiting = [0] * resources
+        # Per resource, the seconds of transfers its cores copied since its last task started.
+        self.owed = [0.0] * resources
         self.op_passed_a_copy = [False]  # a list: the closures set it without holding the loop (no cycle)
         self.pick = self._picker()
         self.compute = compute(self)
@@ -159,7 +165,8 @@ class EventLoop:
         """
         tg, events, woken, make_ready, running, end = self.tg, self.events, self.woken, self.make_ready, self.running, self.end
         num_devices, resource, outputs, (units, fill, leave, replays) = len(tg.devices), tg.resource, tg.outputs, self.compute
-        latency, inverse_bw = self.cluster.latency_matrix, self.cluster.inverse_bandwidth_matrix
+        latency, gap, inverse_bw = self.cluster.latency_matrix, self.cluster.gap_matrix, self.cluster.inverse_bandwidth_matrix
+        share, owed = self.cluster.core_share_matrix, self.owed
         missing, ready_at, transfers, latest = list(tg.npreds), [0.0] * len(tg), [], self.latest
         link_free = [[0.0] * num_devices for _ in range(num_devices)]
         push, pop, next_seq = heapq.heappush, heapq.heappop, self.next_seq
@@ -201,8 +208,13 @@ class EventLoop:
                             if arrival is None:
                                 row = link_free[src]
                                 begin = now if now > row[dst] else row[dst]
-                                arrival = begin + latency[src][dst] + nbytes * inverse_bw[src][dst]
-                                row[dst] = arrival
+                                wire = nbytes * inverse_bw[src][dst]
+                                arrival = begin + latency[src][dst] + wire
+                                row[dst] = begin + gap[src][dst] + wire
+                                if share[src][dst]:
+                                    copying = share[src][dst] * (gap[src][dst] + wire)
+                                    owed[src] += copying
+                                    owed[dst] += copying
                                 arrivals[dst] = arrival
                                 transfers.append((t, entry_index, src, dst, begin, arrival, nbytes))
                         if arrival > ready_at[c]:
@@ -238,7 +250,7 @@ def exclusive(loop: EventLoop) -> Compute:
         True
     """
     running, pick, start, dispatched = loop.running, loop.pick, loop.start, loop.dispatched
-    events, next_seq, duration, push = loop.events, loop.next_seq, loop.tg.duration, heapq.heappush
+    events, next_seq, duration, push, owed = loop.events, loop.next_seq, loop.tg.duration, heapq.heappush, loop.owed
 
     def fill(woken: list[int], now: float) -> None:
         for r in woken:
@@ -248,6 +260,7 @@ def exclusive(loop: EventLoop) -> Compute:
                     running[r] = 1
                     start[t] = now
                     dispatched.append(t)
-                    push(events, (now + duration[t], next_seq(), t))
+                    push(events, (now + duration[t] + owed[r], next_seq(), t))
+                    owed[r] = 0.0
 
     return Compute(list(range(len(running))), fill, None, True)

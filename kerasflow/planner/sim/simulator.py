@@ -249,7 +249,7 @@ def simulate_tasks(graph: OpGraph, cluster: Cluster, tasks: TaskGraph, *, memory
         >>> simulate_tasks(graph, cluster, tasks, deadline=result.makespan / 2) is None
         True
     """
-    overhead = step_overhead(graph)
+    overhead = step_overhead(graph) + cluster.dispatch_for(tasks.used_devices())
     with collector_paused():
         result = run_task_graph(tasks, cluster, memory=memory, deadline=deadline - overhead)
     if result is not None:

@@ -103,6 +103,20 @@ class TaskGraph:
         """The resource index of the all-reduce ring."""
         return len(self.devices)
 
+    def used_devices(self) -> set[int]:
+        """The indices of the devices some task runs on (the ring's devices with it; the other
+        replicas of identical ones as their ``mirrors``).
+
+        Example:
+            >>> tasks = TaskGraph(["/GPU:0", "/GPU:1"])
+            >>> _ = tasks.add("a", 0, "op", 1, 1e-3, (), 0.0, 0.0, 0.0)
+            >>> tasks.used_devices()
+            {1}
+        """
+        count = len(self.devices)
+        used = {r for r in self.resource if 0 <= r < count} | set(self.mirrors)
+        return used | {self.devices.index(d) for d in self.ring_devices if d in self.devices}
+
     def add(self, name, base, role, resource, duration, out_sizes, temp, persistent,
             priority, wave=-1, replica=-1, shard=-1, size=0.0) -> int:
         self.size.append(size)
@@ -348,6 +362,8 @@ class _Builder:
             names = [self.cluster.device_names[d] for d in replicas]
             self.ring_link = self.cluster.subset(names).slowest_link() if len(replicas) > 1 else None
             self.ring_size = len(replicas)
+            self.ring_nccl = self.cluster.sums_with_nccl(names)
+            self.ring_launch = max(self.devices[d].launch_overhead for d in replicas)
             tg.ring_devices = names
             classes = {(self.devices[d].kind, self.devices[d].speed, self.devices[d].memory_bandwidth,
                         self.devices[d].launch_overhead) for d in replicas}
@@ -661,11 +677,15 @@ class _Builder:
     def _ring_seconds(self, nbytes: float, latency_share: float = 1.0) -> float:
         """A collective all-reduce of ``nbytes``, priced as the ring algorithm runs it: 2 (D - 1)
         steps, each paying ``latency_share`` of the slowest link's latency and one chunk (1/D of
-        the bytes) over it."""
+        the bytes) over it; and its kernels as each implementation runs them (``strategies.
+        collectives``): NCCL's whole ring is one kernel, one launch; TensorFlow's ring reducer
+        (CPUs, logical GPUs of one card) runs each step's receive and sum as kernels of their own."""
         replicas, link = self.ring_size, self.ring_link
         if link is None:
             return 0.0
-        return 2 * (replicas - 1) * (link.latency * latency_share + nbytes / (replicas * link.bandwidth))
+        steps = 2 * (replicas - 1)
+        launches = 1 if self.ring_nccl else 2 * steps
+        return steps * (link.latency * latency_share + nbytes / (replicas * link.bandwidth)) + launches * self.ring_launch
 
     def _reduce_into(self, p: int, k: int, out: Affine, into: list[int]) -> None:
         """Edges from each replica's copy of output ``k`` of op ``p`` into its task of ``into``
