@@ -17,6 +17,11 @@ best or within 3 % of the best.
     python benchmarks/calibration.py                          # 5 testbed models + 5 tutorial patterns
     python benchmarks/calibration.py --models mlp cnn --rounds 3
     python benchmarks/calibration.py --write-trusted-gain      # and record this device kind's trusted gain
+    python benchmarks/calibration.py --budget-s 200            # stop at 200 s: the models measured by then
+
+Each model's process runs through ``budget.Budget``: with ``--budget-s`` none outlives it, a model
+still running then is killed and named, and the tables print the models measured by then. The
+exit status is 1 when a model failed or was killed.
 
 ``--write-trusted-gain`` records, for the device kind the table ran on, the worst measured /
 predicted step of a plan less one in ``kerasflow/strategies/trusted_gains.json`` (or the file
@@ -43,13 +48,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 DEFAULT_GAINS = os.path.join(HERE, "..", "kerasflow", "strategies", "trusted_gains.json")
+
+from budget import RESULT, Budget  # noqa: E402 - beside this script
 
 TESTBED = ("mlp", "cnn", "resnet", "lstm", "transformer", "towers")
 PATTERNS = ("mnist_convnet", "text_transformer", "vae", "subclassed_mlp", "conv1d_weighted")
@@ -321,6 +327,9 @@ def main(argv=None) -> int:
                         help="record the device kind's trusted gain (default file: kerasflow/strategies/trusted_gains.json)")
     parser.add_argument("--testbed", type=int, default=0, metavar="N",
                         help="on kerasflow.testbed's N tasks (a core and a thread each) instead")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="stop at this many seconds: a model's process still running is killed, and the "
+                             "tables print the models measured by then (default: no limit)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--whole-machine", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -329,29 +338,35 @@ def main(argv=None) -> int:
         sys.path.insert(0, HERE)
         result = (worker(args.worker, args.rounds, args.steps, args.testbed) if args.worker
                   else whole_machine(args.whole_machine, args.steps * args.rounds))
-        print("RESULT " + json.dumps(result), flush=True)
+        print(RESULT + json.dumps(result), flush=True)
         sys.stdout.flush()
         os._exit(0)  # a testbed's chief: its workers stop with it
     from _common import format_table, machine
 
-    rows, summary, within, results = [], [], [], []
+    budget = Budget(args.budget_s)
+    rows, summary, within, results, incomplete = [], [], [], [], []
     for name in args.models:
-        out = subprocess.run([sys.executable, __file__, "--worker", name, "--rounds", str(args.rounds),
-                              "--steps", str(args.steps), "--testbed", str(args.testbed)],
-                             capture_output=True, text=True, cwd=HERE)
-        line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
-        if line is None:
-            print(f"{name} failed:\n{out.stderr[-3000:]}", flush=True)
+        if budget.spent():
+            left_out = args.models[args.models.index(name):]
+            incomplete.extend(left_out)
+            print(f"The {args.budget_s:.0f}-second budget is spent: {', '.join(left_out)} left out.", flush=True)
+            break
+        out = budget.run([sys.executable, __file__, "--worker", name, "--rounds", str(args.rounds),
+                          "--steps", str(args.steps), "--testbed", str(args.testbed)], cwd=HERE)
+        if not out.ok:
+            print(f"{name}: {out.status} ({out.detail})", flush=True)
+            incomplete.append(name)
             continue
-        result = json.loads(line[7:])
+        result = out.result
         results.append(result)
         setups = result["setups"]
         if args.testbed:
-            whole = subprocess.run([sys.executable, __file__, "--whole-machine", name, "--rounds", str(args.rounds),
-                                    "--steps", str(args.steps)], capture_output=True, text=True, cwd=HERE)
-            line = next((l for l in whole.stdout.splitlines() if l.startswith("RESULT ")), None)
-            if line is not None:
-                setups["plain Keras, every core"] = json.loads(line[7:])
+            whole = budget.run([sys.executable, __file__, "--whole-machine", name, "--rounds", str(args.rounds),
+                                "--steps", str(args.steps)], cwd=HERE)
+            if whole.ok:
+                setups["plain Keras, every core"] = whole.result
+            else:
+                print(f"{name}, plain Keras on every core: {whole.status} ({whole.detail})", flush=True)
         priced = {s: e for s, e in setups.items() if "measured" in e and e.get("predicted")}
         default = setups.get("default", {}).get("measured")
         for setup, entry in setups.items():
@@ -385,14 +400,16 @@ def main(argv=None) -> int:
     print(format_table(["model", "rank correlation", "plan() picks", "its step vs the best measured"], summary))
     print(f"\ncells within +-10 %: {sum(within)} of {len(within)}")
     worst = worst_ratio(results)
-    if args.write_trusted_gain and worst is not None:
+    if args.write_trusted_gain and incomplete:  # the worst of the models measured may not be the worst
+        print(f"No trusted gain written: {', '.join(incomplete)} not measured.")
+    elif args.write_trusted_gain and worst is not None:
         kind = results[0]["kind"]
         run = "benchmarks/calibration.py" + (f" --testbed {args.testbed}" if args.testbed else "")
         when = f"{time.strftime('%Y-%m-%d')}, {run} on {kind} ({machine()})"
         write_trusted_gain(args.write_trusted_gain, kind, worst, when)
         print(f"{kind}: worst measured / predicted step of a plan {worst:.2f}x; trusted gain {worst - 1:.2f} "
               f"written to {args.write_trusted_gain}")
-    return 0
+    return 1 if incomplete else 0
 
 
 if __name__ == "__main__":

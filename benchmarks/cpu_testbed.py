@@ -45,10 +45,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 from _common import format_table, machine, step_durations
+from budget import RESULT, Budget
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SETUPS = ("default", "default_testbed_threads", "mirrored", "fastt", "fastt_split", "fastt_guarded", "fastt_on")
@@ -109,18 +109,17 @@ def main() -> None:
     parser.add_argument("--worker", nargs=2, metavar=("SETUP", "MODEL"))
     args = parser.parse_args()
     if args.worker:
-        print("RESULT " + json.dumps(worker(args.worker[0], args.worker[1], args.steps)))
+        print(RESULT + json.dumps(worker(args.worker[0], args.worker[1], args.steps)))
         return
     results: dict[tuple[str, str], list[dict]] = {}
     for _ in range(args.rounds):
         for model in args.models:
             for setup in SETUPS:  # alternating, so drift hits all alike
-                out = subprocess.run([sys.executable, __file__, "--worker", setup, model, "--steps", str(args.steps)],
-                                     capture_output=True, text=True, cwd=HERE)
-                line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
-                if line is None:
-                    raise SystemExit(f"{setup}/{model} failed:\n{out.stderr[-3000:]}")
-                results.setdefault((model, setup), []).append(json.loads(line[7:]))
+                out = Budget(None).run([sys.executable, __file__, "--worker", setup, model, "--steps",
+                                        str(args.steps)], cwd=HERE)
+                if not out.ok:
+                    raise SystemExit(f"{setup}/{model} {out.status}:\n{out.detail}")
+                results.setdefault((model, setup), []).append(out.result)
                 print(f"{model} {setup}: {results[(model, setup)][-1]}", flush=True)
     rows = []
     for model in args.models:

@@ -23,9 +23,16 @@ Devices: every GPU; a single GPU is split into two logical GPUs (``--memory-mb``
 there is something to place on. Without a GPU the same comparison runs on two logical CPUs
 (so CI can smoke-test the script); the table says which.
 
+Bounded by construction (``budget.Budget``): no process outlives ``--budget-s`` (each setup's also
+at most ``--setup-limit-s``), the budget is checked before every setup and the calibration stops
+at it, and a setup that hangs is killed, with everything it started, and reported as "hung" in
+its row: the tables print what was measured by then. The exit status is 1 when any setup failed
+or hung.
+
 Usage:
     python benchmarks/gpu_check.py                      # mlp, cnn, resnet, lstm, transformer
     python benchmarks/gpu_check.py --models mlp --steps 20 --rounds 1 --budget-s 120 --calibration-rounds 1
+    python benchmarks/gpu_check.py --budget-s 480                  # a lent GPU machine's few minutes, 1 or 8 GPUs
 """
 
 from __future__ import annotations
@@ -34,11 +41,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 from _common import devices, format_table, machine, step_durations
+from budget import RESULT, Budget
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ("mlp", "cnn", "resnet", "lstm", "transformer")
@@ -220,14 +227,18 @@ def describe_lines(described: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def table(results: dict, models: list[str], rounds: int, steps: int) -> str:
-    """The comparison table, one row per model and setup."""
+def table(results: dict, outcomes: dict, models: list[str], rounds: int, steps: int, kind: str) -> str:
+    """The comparison table, one row per model and setup; ``results``: (model, setup) -> the figures
+    of each round that ran; ``outcomes``: (model, setup) -> why a setup has none (``Outcome.status``:
+    "hung", "failed"; "not run" where the budget was spent first)."""
     rows = []
-    first = next(iter(results.values()))[0]
     for model in models:
-        step = {s: statistics.median(r["step"] for r in results[(model, s)]) for s in SETUPS}
+        step = {s: statistics.median(r["step"] for r in results[(model, s)]) for s in SETUPS if (model, s) in results}
         for setup in SETUPS:
-            runs = results[(model, setup)]
+            runs = results.get((model, setup))
+            if not runs:
+                rows.append([model, setup, "", outcomes.get((model, setup), "not run"), *[""] * 6])
+                continue
             plan = predicted = error = ""
             if setup in ("fastt", "fastt_callback"):
                 plan = runs[-1]["algorithm"]
@@ -238,11 +249,13 @@ def table(results: dict, models: list[str], rounds: int, steps: int) -> str:
                     predicted = f"{statistics.median(figures) * 1e3:.2f}"
                     error = f"{(statistics.median(figures) - step[setup]) / step[setup] * 100:+.0f}%"
             batch = runs[0]["batch"]
+            ratio = {than: f"{step[than] / step[setup]:.2f}x" if than in step else "" for than in ("default", "mirrored")}
             rows.append([model, setup, str(batch), f"{step[setup] * 1e3:.2f}", f"{batch / step[setup]:,.0f}",
-                         f"{step['default'] / step[setup]:.2f}x", f"{step['mirrored'] / step[setup]:.2f}x", plan,
-                         predicted, error])
-    title = (f"{first['devices']} {first['kind']} devices ({'logical CPUs: no GPU here' if first['kind'] == 'CPU' else 'GPUs'}); "
-             f"medians of {rounds} alternating round(s) of {steps} steps ({machine()})")
+                         ratio["default"], ratio["mirrored"], plan, predicted, error])
+    devices = "/".join(str(d) for d in sorted({r["devices"] for runs in results.values() for r in runs}))
+    title = (f"{devices} {kind} devices ({'logical CPUs: no GPU here' if kind == 'CPU' else 'GPUs'}); "
+             f"medians of up to {rounds} alternating round(s) of {steps} steps" if devices else
+             "No setup measured") + f" ({machine()})"
     return title + "\n" + format_table(["model", "setup", "batch", "step ms", "samples/s", "vs default",
                                         "vs mirrored", "plan", "predicted ms", "simulator error"], rows)
 
@@ -254,58 +267,67 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--memory-mb", type=int, default=4096, help="per logical GPU when one GPU is split")
     parser.add_argument("--budget-s", type=float, default=300.0,
-                        help="start no new model, round or calibration table after this many seconds")
+                        help="the whole run's seconds: every process is killed when they run out, and the "
+                             "tables print what was measured by then")
+    parser.add_argument("--setup-limit-s", type=float, default=180.0,
+                        help="the most seconds one setup's process may take (a hung one is killed then)")
     parser.add_argument("--calibration-rounds", type=int, default=1,
                         help="rounds of the calibration table after the comparison (0: none)")
     parser.add_argument("--profile-dir", default="gpu_check_profile",
                         help="where the first model's profile.json and TensorFlow's .xplane.pb are written")
     parser.add_argument("--worker", nargs=2, metavar=("SETUP", "MODEL"), help=argparse.SUPPRESS)
     parser.add_argument("--describe", metavar="MODEL", help=argparse.SUPPRESS)
+    # Tests: the process of this setup ("describe" or one of SETUPS) sleeps for ever, as a hung one would.
+    parser.add_argument("--stall", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if (args.worker and args.worker[0] == args.stall) or (args.describe and args.stall == "describe"):
+        time.sleep(10**6)
     if args.worker:
-        print("RESULT " + json.dumps(worker(args.worker[0], args.worker[1], args.steps, args.memory_mb)))
+        print(RESULT + json.dumps(worker(args.worker[0], args.worker[1], args.steps, args.memory_mb)))
         return 0
     if args.describe:
-        print("RESULT " + json.dumps(describe(args.describe, args.memory_mb, args.profile_dir)))
+        print(RESULT + json.dumps(describe(args.describe, args.memory_mb, args.profile_dir)))
         return 0
-    started, results, done = time.perf_counter(), {}, 0
-    out = subprocess.run([sys.executable, __file__, "--describe", args.models[0], "--memory-mb", str(args.memory_mb),
-                          "--profile-dir", os.path.abspath(args.profile_dir)], capture_output=True, text=True, cwd=HERE)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
-    if line is None:
-        print(f"describing the devices failed:\n{out.stderr[-3000:]}", file=sys.stderr)
-        return 1
-    print(describe_lines(json.loads(line[7:])), flush=True)
-    measured = list(args.models)  # the models every setup ran on in the first round
+    budget = Budget(args.budget_s)
+    common = ["--memory-mb", str(args.memory_mb), *(["--stall", args.stall] if args.stall else [])]
+    described = budget.run([sys.executable, __file__, "--describe", args.models[0], "--profile-dir",
+                            os.path.abspath(args.profile_dir), *common], cwd=HERE, limit=args.setup_limit_s)
+    print(describe_lines(described.result) if described.ok else
+          f"Describing the devices: {described.status} ({described.detail})\n", flush=True)
+    kind = "GPU" if described.ok and described.result["gpus"] else "CPU"
+    results, outcomes, rounds = {}, {}, 0
     for number in range(args.rounds):
-        if done and time.perf_counter() - started > args.budget_s:
-            break
-        for index, model in enumerate(measured):
-            if number == 0 and index and time.perf_counter() - started > args.budget_s:
-                print(f"The {args.budget_s:.0f}-second budget is spent: {', '.join(measured[index:])} left out.")
-                measured = measured[:index]
-                break
+        for model in args.models:
             for setup in SETUPS:
-                out = subprocess.run([sys.executable, __file__, "--worker", setup, model, "--steps", str(args.steps),
-                                      "--memory-mb", str(args.memory_mb)], capture_output=True, text=True, cwd=HERE)
-                line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
-                if line is None:
-                    print(f"{setup}/{model} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
-                    return 1
-                results.setdefault((model, setup), []).append(json.loads(line[7:]))
-                print(f"{model} {setup}: {results[(model, setup)][-1]}", flush=True)
-        done += 1
+                if budget.spent():
+                    break
+                outcome = budget.run([sys.executable, __file__, "--worker", setup, model, "--steps", str(args.steps),
+                                      *common], cwd=HERE, limit=args.setup_limit_s)
+                if outcome.ok:
+                    results.setdefault((model, setup), []).append(outcome.result)
+                    kind = outcome.result["kind"]
+                    print(f"{model} {setup}: {outcome.result}", flush=True)
+                else:
+                    outcomes[(model, setup)] = outcome.status
+                    print(f"{model} {setup}: {outcome.status} ({outcome.detail})", file=sys.stderr, flush=True)
+        rounds = number + 1
+        if budget.spent():
+            print(f"The {args.budget_s:.0f}-second budget is spent (round {rounds} of {args.rounds}): the setups "
+                  "not run are left out.", flush=True)
+            break
     print()
-    print(table(results, measured, done, args.steps))
-    if args.calibration_rounds and time.perf_counter() - started > args.budget_s:
+    print(table(results, outcomes, args.models, rounds, args.steps, kind))
+    whole = described.ok and not outcomes
+    if args.calibration_rounds and budget.spent():
         print(f"\nThe calibration table is left out: the {args.budget_s:.0f}-second budget is spent. Run "
-              f"python benchmarks/calibration.py --models {' '.join(measured)} for it.")
+              f"python benchmarks/calibration.py --models {' '.join(args.models)} for it.")
     elif args.calibration_rounds:
         print("\nThe simulator on this machine (benchmarks/calibration.py):", flush=True)
         import calibration
 
-        return calibration.main(["--models", *measured, "--rounds", str(args.calibration_rounds)])
-    return 0
+        whole = calibration.main(["--models", *args.models, "--rounds", str(args.calibration_rounds),
+                                  "--budget-s", str(budget.left())]) == 0 and whole
+    return 0 if whole else 1
 
 
 if __name__ == "__main__":

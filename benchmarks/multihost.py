@@ -21,12 +21,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 from _common import format_table, machine, step_durations
+from budget import RESULT, Budget
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -79,12 +79,10 @@ def one_task(steps: int, plan_path: str, devices: list[str]) -> dict:
 
 
 def _run(args: list[str], env: dict) -> dict:
-    out = subprocess.run([sys.executable, __file__] + args, capture_output=True, text=True, cwd=HERE, env=env,
-                         timeout=900)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"{args[:2]} failed:\n{out.stderr[-3000:]}")
-    return json.loads(line[7:])
+    out = Budget(None).run([sys.executable, __file__] + args, cwd=HERE, env=env, limit=900)
+    if not out.ok:
+        raise SystemExit(f"{args[:2]} {out.status}:\n{out.detail}")
+    return out.result
 
 
 def loopback(rounds: int, steps: int) -> list[str]:
@@ -151,10 +149,10 @@ def main() -> None:
     parser.add_argument("--devices", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.chief:
-        print("RESULT " + json.dumps(chief(args.steps, args.chief)))
+        print(RESULT + json.dumps(chief(args.steps, args.chief)))
         return
     if args.one_task:
-        print("RESULT " + json.dumps(one_task(args.steps, args.one_task, args.devices)))
+        print(RESULT + json.dumps(one_task(args.steps, args.one_task, args.devices)))
         return
     import zoo
 

@@ -236,9 +236,11 @@ def _clusters(args) -> int:
         cluster = Cluster.preset(name.replace(":N", ":4"))
         device = cluster.devices[0]
         link = cluster.slowest_link()
+        host = cluster.host and f"{cluster.host.name} at {cluster.host_link.bandwidth / 1e9:g} GB/s"
         rows.append([name, str(len(cluster)) if ":N" not in name else "N", device.kind, format_bytes(device.memory),
-                     f"{link.bandwidth / 1e9:g} GB/s", f"{link.latency * 1e6:g} us"])
-    print(format_table(["preset", "devices", "kind", "memory each", "slowest link", "latency"], rows))
+                     f"{link.bandwidth / 1e9:g} GB/s", f"{link.latency * 1e6:g} us", host or "(its devices)"])
+    print(format_table(["preset", "devices", "kind", "memory each", "slowest link", "latency",
+                        "host (string ops, lookups)"], rows))
     print()
     specs = [[s.kind, f"{s.peak_flops / 1e12:g}", f"{s.memory_bandwidth / 1e9:g}", format_bytes(s.memory)]
              for s in DEVICE_SPECS.values()]

@@ -17,7 +17,7 @@ from kerasflow.planner.ir.hardware import DEVICE_SPECS, GiB
 from kerasflow.planner.ir.machine import SharedCompute
 
 __all__ = ["virtual_cpus", "default_devices", "device_kind", "declare_kind", "device_memory", "normalize_device",
-           "canonical_device", "known_devices", "task_of", "device_type", "wait_for_devices", "pin_to_core",
+           "canonical_device", "known_devices", "task_of", "host_cpu", "device_type", "wait_for_devices", "pin_to_core",
            "LocalGPU", "describe_gpus", "local_gpus", "shared_cards", "UNKNOWN_DEVICE_MEMORY"]
 
 _DEVICE = re.compile(r"device:([A-Za-z]+):(\d+)$", re.IGNORECASE)
@@ -334,6 +334,19 @@ def task_of(device: str) -> str:
     if device.startswith("/job:") and "/device:" in device:
         return device.split("/device:", 1)[0]
     return "local"
+
+
+def host_cpu(device: str) -> str:
+    """The CPU of ``device``'s machine (its task's first CPU), in the same spelling: where
+    TensorFlow runs the ops placed on ``device`` that it has no kernel for (string ops, lookup
+    tables), and where a GPU cluster's plans put them (``Cluster.host``).
+
+    Example:
+        >>> host_cpu("/GPU:3"), host_cpu("/job:worker/replica:0/task:1/device:GPU:0")
+        ('/CPU:0', '/job:worker/replica:0/task:1/device:CPU:0')
+    """
+    task = task_of(device)
+    return "/CPU:0" if task == "local" else f"{task}/device:CPU:0"
 
 
 def device_type(device: str) -> str:

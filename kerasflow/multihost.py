@@ -421,7 +421,9 @@ def multihost_cluster(devices: Sequence[str], *, inter_host_link: Link | tuple |
         name: the cluster's label.
 
     Kinds: a remote GPU takes the kind of the local GPU of the same index (hosts are assumed
-    alike), so the chief's profile prices every device.
+    alike), so the chief's profile prices every device. With GPUs, the first device's task's CPU
+    is the cluster's host (``Cluster.host``, joined to the GPUs by PCIe 3): the ops no GPU can run
+    go there.
 
     Raises:
         KerasflowError: a device that does not exist.
@@ -431,7 +433,7 @@ def multihost_cluster(devices: Sequence[str], *, inter_host_link: Link | tuple |
         >>> sorted(cluster.hosts())  # doctest: +SKIP
         [0, 1, 2]
     """
-    from kerasflow.devices import device_kind, device_memory
+    from kerasflow.devices import device_kind, device_memory, host_cpu
     from kerasflow.profiling.links import measure_links
 
     devices = list(devices)
@@ -460,5 +462,9 @@ def multihost_cluster(devices: Sequence[str], *, inter_host_link: Link | tuple |
                                             repeats=3).links[(a, b)]
         else:
             inter_host_link = intra_host_link
-    return Cluster.two_level(built, intra_host_link, inter_host_link,
-                             name=name or f"{len(hosts)}-host:{len(devices)}")
+    host = None  # with GPUs, the chief's CPU runs the ops no GPU can (``Cluster.host``)
+    if device_type(devices[0]) == "GPU":
+        cpu = host_cpu(devices[0])
+        host = Device(cpu, device_kind(cpu), device_memory(cpu), host=hosts[task_of(devices[0])])
+    return Cluster.two_level(built, intra_host_link, inter_host_link, name=name or f"{len(hosts)}-host:{len(devices)}",
+                             host=host)

@@ -99,3 +99,77 @@ def test_a_calibration_records_its_kinds_trusted_gain_beside_the_others(tmp_path
     plan = Plan(placement={}, predicted_step_time=0.010, candidates={"default_placement": 0.0181})
     assert needs_confirmation(plan, ["H100"]) and not needs_confirmation(plan, ["H100"], trusted_gains(path))
     assert not os.path.exists(path + ".partial")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_budget_kills_a_hung_process_and_what_it_started_at_its_limit(tmp_path):
+    import time
+
+    from budget import Budget
+
+    # The hung process starts another that holds its output open: killing the first alone would
+    # leave the wait for the second's 60 s.
+    pid_file = tmp_path / "grandchild"
+    script = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', "
+              "'import time; time.sleep(60)']); open(sys.argv[1], 'w').write(str(child.pid)); time.sleep(60)")
+    started = time.monotonic()
+    outcome = Budget(60.0).run([sys.executable, "-c", script, str(pid_file)], limit=3.0)
+    assert outcome.status == "hung" and outcome.result is None and "killed after 3 s" in outcome.detail
+    assert time.monotonic() - started < 10
+    deadline = time.monotonic() + 5
+    while _alive(int(pid_file.read_text())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(int(pid_file.read_text()))
+
+
+def test_a_budget_reads_results_names_failures_and_starts_nothing_once_spent():
+    from budget import Budget
+
+    budget = Budget(30.0)
+    assert budget.run([sys.executable, "-c", "print('noise'); print('RESULT {\"step\": 0.25}')"]).result == {"step": 0.25}
+    failed = budget.run([sys.executable, "-c", "import sys; sys.exit('no GPU answered')"])
+    assert failed.status == "failed" and "no GPU answered" in failed.detail
+    clock = iter([0.0, 31.0, 31.0])  # made at 0 s, asked at 31 s: a 30-second budget is spent
+    spent = Budget(30.0, clock=lambda: next(clock))
+    assert spent.spent() and spent.run([sys.executable, "-c", "print('RESULT {}')"]).status == "skipped"
+
+
+def test_the_gpu_check_keeps_to_its_budget_and_still_prints_its_table(tmp_path):
+    import time
+
+    # One second is spent describing the devices (TensorFlow alone takes longer to start): that
+    # process is killed, no setup starts, and the table and the calibration's line still print.
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py"), "--models", "mlp",
+                          "--budget-s", "1", "--profile-dir", str(tmp_path / "profile")],
+                         capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - started < 20, run.stdout
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "Describing the devices: hung (killed after 1 s)" in run.stdout
+    for setup in ("default", "default_xla", "mirrored", "fastt", "fastt_callback"):
+        assert any(line.split()[:3] == ["mlp", setup, "not"] for line in run.stdout.splitlines()), run.stdout
+    assert "The calibration table is left out: the 1-second budget is spent." in run.stdout
+
+
+@pytest.mark.slow
+def test_a_hung_gpu_check_setup_is_killed_reported_and_the_others_measured(tmp_path):
+    # The MirroredStrategy setup's process sleeps for ever, as one stuck on a GPU would: it is
+    # killed at its limit, its row says so, and every other setup of the model is measured.
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py"), "--models", "mlp",
+                          "--steps", "14", "--rounds", "1", "--calibration-rounds", "0", "--setup-limit-s", "90",
+                          "--stall", "mirrored", "--profile-dir", str(tmp_path / "profile")],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "mlp mirrored: hung (killed after 90 s)" in run.stderr
+    rows = {line.split()[1]: line.split() for line in run.stdout.splitlines() if line.startswith("mlp ")}
+    assert rows["mirrored"][2] == "hung"
+    for setup in ("default", "default_xla", "fastt", "fastt_callback"):
+        assert rows[setup][2] == "64" and float(rows[setup][3]) > 0, run.stdout

@@ -50,8 +50,13 @@ def test_one_card_carved_in_two_is_two_gpus_of_its_kind_with_their_own_memory_sh
     # prices them as one card's compute.
     links = LinkMeasurement({(a, b): Link(5e-6, 100e9) for a in ("/GPU:0", "/GPU:1") for b in ("/GPU:0", "/GPU:1")
                              if a != b}, True, "by hand")
-    cluster = cluster_of(["/GPU:0", "/GPU:1"], links=links, gpus=gpus, bandwidths={"/GPU:0": 2e12, "/GPU:1": 2e12})
+    pcie = Link(8e-6, 25e9)
+    cluster = cluster_of(["/GPU:0", "/GPU:1"], links=links, gpus=gpus, bandwidths={"/GPU:0": 2e12, "/GPU:1": 2e12},
+                         host_link=pcie)
     assert cluster.kinds() == ["H100"] and cluster.shares_compute(["/GPU:0", "/GPU:1"])
+    # The host CPU beside them runs what no GPU can (string ops, lookup tables), over that link.
+    assert (cluster.host.name, cluster.host.kind, cluster.host_link) == ("/CPU:0", "CPU", pcie)
+    assert cluster.hosted.link("/CPU:0", "/GPU:1") == cluster.hosted.link("/GPU:1", "/CPU:0") == pcie
     assert [cluster.device(d).memory for d in cluster.device_names] == [38000 * 2**20] * 2
     assert [cluster.device(d).memory_bandwidth for d in cluster.device_names] == [2e12] * 2  # copy kernels
     assert device_kind("/job:worker/replica:0/task:1/device:GPU:1", gpus) == "H100"  # another host, alike

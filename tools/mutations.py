@@ -210,7 +210,7 @@ MUTATIONS = [
              "        absent = []", OPTIONS_TESTS + ("tests/strategies/test_driver.py::"
                                                     "test_both_doors_make_the_same_checks_with_the_same_errors",)),
     Mutation("options take a plan using other devices", "kerasflow/strategies/options.py",
-             "        unknown = sorted(set(plan.devices()) - set(self.devices))", "        unknown = []",
+             "        unknown = sorted(set(plan.devices()) - set(self.devices) - hosts)", "        unknown = []",
              OPTIONS_TESTS + ("tests/strategies/test_driver.py::"
                               "test_both_doors_make_the_same_checks_with_the_same_errors",)),
     Mutation("options take options= and a keyword argument, the keyword lost", "kerasflow/strategies/options.py",
@@ -235,7 +235,7 @@ MUTATIONS = [
     Mutation("a superseded end event on shared compute ends its task", "kerasflow/planner/sim/eventloop.py",
              "                        if seq != latest[t]:", "                        if False:"),
     Mutation("replicas on shared compute are mirrored", "kerasflow/planner/sim/taskgraph.py",
-             " and not self.cluster.shares_compute(names):", ":"),
+             " and not self.cluster.shares_compute(names) and", " and"),
     Mutation("the default placement is kept only within the tie margin", "kerasflow/planner/search/planning.py",
              "    margin = max(tie_margin, PREDICTION_ERROR * measured)", "    margin = tie_margin"),
     Mutation("a profiled op's time among others is taken for its time alone", "kerasflow/profiling/xplane.py",
@@ -387,6 +387,15 @@ MUTATIONS = [
     Mutation("a fit that ends while profiling leaves the profiler running", "kerasflow/strategies/driver.py",
              "                    steps.close()\n", "                    pass\n",
              ("tests/strategies/test_fit_end.py::test_a_fit_ending_in_any_state_leaves_nothing_running[callback-exception]",)),
+    Mutation("host-only ops run where a plan puts them, not on the host", "kerasflow/planner/sim/taskgraph.py",
+             "        self.planned_for = cluster if hosted and host_ops(graph) else cluster.unhosted",
+             "        self.planned_for = cluster.unhosted"),
+    Mutation("a plan keeps its host-only ops on the devices it gave them", "kerasflow/planner/sim/hostops.py",
+             "    placement = {name: host if name in names else device for name, device in plan.placement.items()}",
+             "    placement = dict(plan.placement)"),
+    Mutation("the host runs its ops at a GPU's estimated cost", "kerasflow/planner/sim/hostops.py",
+             '    return op.duration("CPU" if "CPU" in op.cost else devices_kind, batch)',
+             "    return op.duration(devices_kind, batch)"),
 ]
 
 

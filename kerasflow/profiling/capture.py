@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasflow import _compat
+from kerasflow.planner.ir.graph import HOST_GROUP
 from kerasflow.planner.ir.graphtables import FUSED_GROUP, WEIGHT_READING_LOOPS, is_loss_op
 from kerasflow.profiling.splittable import is_splittable, losses_combine_by_share
 
@@ -30,9 +31,6 @@ _LOSS_SCOPES = ("compile_loss/", "loss/")
 
 # Between the variables' paths in the name of a group of several variables that one op reads.
 JOINED = "|"
-# The colocation groups of host-only work (one per layer): string ops (preprocessing layers,
-# string inputs) and ops on lookup tables, which live where they were created. Never split.
-HOST_GROUP = "kerasflow:host"
 
 
 # What Grappler's remapper and arithmetic optimizer and oneDNN's rewrites run as one kernel on

@@ -14,8 +14,12 @@ dominates.
 
 Within one device, the copy kernels a plan adds (a data-parallel replica packs its gradients into
 buffers and unpacks the sums) run at the rate ``copy_bandwidth`` measures on that device,
-concatenating 1 to 16 MiB: a datasheet's memory bandwidth is far off for buffers that fit in a
-CPU's caches (67 GB/s measured on the project's 2-core AMD EPYC, against the CPU preset's 20 GB/s).
+concatenating 1 to 16 MiB, each concatenation timed as the device sees it: chains of them in one
+function, the call's dispatch cancelling as for links (timed one eager call each, a GPU's 16 MiB
+concatenation measures its dispatch, "3 TB/s"; on the project's 2-core AMD EPYC the eager figure
+went from 56 to 132 GB/s between runs, the chained one 27 to 49 GB/s, the CPU preset's datasheet
+20 GB/s). Where the times do not grow with the bytes, the datasheet's figure is used and a
+warning says so.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ import tensorflow as tf
 from kerasflow.planner.ir.cluster import PCIE3, SAME_PROCESS, Cluster, Device, Link
 from kerasflow.planner.errors import KerasflowError
 from kerasflow.planner.ir.hardware import DEVICE_SPECS
-from kerasflow.devices import (LocalGPU, device_kind, device_memory, device_type, normalize_device, shared_cards,
-                               task_of, wait_for_devices)
+from kerasflow.devices import (LocalGPU, device_kind, device_memory, device_type, host_cpu, normalize_device,
+                               shared_cards, task_of)
 from kerasflow.profiling.host import host_compute
 
-__all__ = ["measure_links", "LinkMeasurement", "cluster_of", "copy_bandwidth", "message_gap", "step_dispatch"]
+__all__ = ["measure_links", "LinkMeasurement", "cluster_of", "copy_bandwidth", "copy_samples", "copy_rate", "message_gap",
+           "step_dispatch"]
 
 SIZES = tuple(2**k for k in range(10, 29, 3))  # 1 KiB ... 256 MiB
 # Large enough that the slope, not eager dispatch, sets the fit; as large as gradient buffers.
@@ -257,53 +262,105 @@ def step_dispatch(local: str, others: Sequence[str], repeats: int = 15) -> float
                0.0)
 
 
-def _median_call(call, repeats: int) -> float:
-    """The median seconds of ``repeats`` calls of ``call``, after two untimed ones (trace, warm)."""
+def _median_call(call, repeats: int, clock=time.perf_counter) -> float:
+    """The median seconds of ``repeats`` calls of ``call``, after two untimed ones (trace, warm),
+    read on ``clock``.
+
+    Example:
+        >>> ticks = iter([0.0, 1.0, 10.0, 13.0, 20.0, 22.0])  # three calls: 1, 3 and 2 seconds
+        >>> _median_call(lambda: None, 3, clock=lambda: next(ticks))
+        2.0
+    """
     call()
     call()
     runs = []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = clock()
         call()
-        runs.append(time.perf_counter() - started)
+        runs.append(clock() - started)
     return float(np.median(runs))
 
 
+# Concatenations per call: those of the longer call less those of the shorter are timed alone.
+CONCATENATIONS = (1, 9)
+
+
+def _concatenating(device: str, size: int):
+    """A function of ``count`` that concatenates two halves of ``size`` bytes on ``device``
+    ``count`` times, each concatenation reading the one before (split along its first axis,
+    which shares the buffer); traced once for every count."""
+    with tf.device(device):
+        source = tf.Variable(tf.ones([max(size // 4, 2)]), trainable=False)
+
+    def concatenated(i, value):
+        return i + 1, tf.concat(tf.split(value, 2), 0)
+
+    @tf.function(autograph=False)  # AutoGraph would write its converted code to a temporary file
+    def concatenate(count):
+        with tf.device(device):
+            _, value = tf.while_loop(lambda i, _: i < count, concatenated, (tf.constant(0), source.read_value()))
+            return value[0]
+
+    return concatenate
+
+
+def copy_samples(device: str, repeats: int = 3) -> list[tuple[float, float]]:
+    """(bytes read and written, seconds) of one concatenation of each of ``COPY_SIZES`` on
+    ``device``, as the device sees it: the difference of calls of ``CONCATENATIONS`` chained
+    concatenations, per concatenation (the call's dispatch cancels, as in ``measure_links``)."""
+    samples = []
+    for size in COPY_SIZES:
+        concatenate = _concatenating(device, size)
+        with _unoptimized():  # Grappler would fold a concatenation of a split away
+            medians = [_median_call(lambda count=tf.constant(count): concatenate(count).numpy(), repeats)
+                       for count in CONCATENATIONS]
+        samples.append((2.0 * size, (medians[1] - medians[0]) / (CONCATENATIONS[1] - CONCATENATIONS[0])))
+    return samples
+
+
+def copy_rate(samples: list[tuple[float, float]], kind: str) -> float:
+    """Bytes/s of a device's copy kernels fitted from ``copy_samples``; where the times do not grow
+    with the bytes (dispatch or noise), the datasheet's memory bandwidth of ``kind`` (the CPU's for
+    a kind without one), said in one ``RuntimeWarning``.
+
+    Example:
+        >>> round(copy_rate([(2e6, 1e-6 + 2e6 / 5e10), (2e7, 1e-6 + 2e7 / 5e10)], "CPU") / 1e9, 6)
+        50.0
+    """
+    try:
+        return _fit(samples).bandwidth
+    except KerasflowError as error:
+        spec = DEVICE_SPECS.get(kind, DEVICE_SPECS["CPU"])
+        warnings.warn(f"kerasflow: a {kind} device's copy kernels measured no rate ({error}); planning with the "
+                      f"datasheet's {spec.memory_bandwidth / 1e9:g} GB/s instead.", RuntimeWarning, stacklevel=2)
+        return spec.memory_bandwidth
+
+
 @functools.lru_cache(maxsize=None)
-def copy_bandwidth(device: str, repeats: int = 5) -> float:
+def copy_bandwidth(device: str, repeats: int = 3) -> float:
     """Bytes/s a copy kernel reads and writes on ``device`` (a concat or a split: how a plan's
-    gradient buffers are packed and unpacked), fitted from timed concatenations of 1 to 16 MiB
-    (``COPY_SIZES``), the median of ``repeats`` each; measured once per device in a process.
+    gradient buffers are packed and unpacked), fitted from chained concatenations of 1 to 16 MiB
+    timed as the device sees them (``copy_samples``, ``copy_rate``); measured once per device in
+    a process.
 
     Example:
         >>> copy_bandwidth("/CPU:0") > 1e9
         True
     """
-    samples = []
-    with tf.device(device):
-        for size in COPY_SIZES:
-            half = tf.ones([size // 8], tf.float32)  # two halves of size // 2 bytes
-            runs = []
-            for _ in range(repeats + 1):
-                started = time.perf_counter()
-                tf.concat([half, half], 0)
-                wait_for_devices()
-                runs.append(time.perf_counter() - started)
-            samples.append((2.0 * size, float(np.median(runs[1:]))))  # each byte read once, written once
-    try:
-        return _fit(samples).bandwidth
-    except KerasflowError:  # dispatch-bound: no rate to read, the kind's datasheet figure instead
-        kind = device_kind(device)
-        return DEVICE_SPECS[kind].memory_bandwidth if kind in DEVICE_SPECS else DEVICE_SPECS["CPU"].memory_bandwidth
+    return copy_rate(copy_samples(device, repeats), device_kind(device))
 
 
 def cluster_of(devices: Sequence[str], *, links: LinkMeasurement | None = None, name: str = "",
-               gpus: Sequence[LocalGPU] | None = None, bandwidths: dict | None = None) -> Cluster:
+               gpus: Sequence[LocalGPU] | None = None, bandwidths: dict | None = None,
+               host_link: Link | None = None) -> Cluster:
     """A ``Cluster`` of local TensorFlow devices: kinds and memory from TensorFlow, links and copy
     kernels measured; logical GPUs carved from one card share its compute
-    (``devices.shared_cards``). ``gpus``: the local GPUs (default ``devices.local_gpus()``);
-    ``bandwidths``: each device's copy bandwidth, bytes/s (default ``copy_bandwidth``; a device
-    absent from a given dict takes its kind's datasheet figure).
+    (``devices.shared_cards``); with GPUs, the first one's machine's CPU is the cluster's host
+    (``Cluster.host``: the ops no GPU can run go there). ``gpus``: the local GPUs (default
+    ``devices.local_gpus()``); ``bandwidths``: each device's copy bandwidth, bytes/s (default
+    ``copy_bandwidth``; a device absent from a given dict takes its kind's datasheet figure);
+    ``host_link``: between the host and the GPUs (default: measured to the first GPU; PCIe 3
+    where that measures no bandwidth).
 
     Example:
         >>> cluster_of(["/CPU:0", "/CPU:1"]).device_names
@@ -313,8 +370,13 @@ def cluster_of(devices: Sequence[str], *, links: LinkMeasurement | None = None, 
     rates = bandwidths if bandwidths is not None else {device: copy_bandwidth(device) for device in devices}
     built = [Device(device, device_kind(device, gpus), device_memory(device, gpus),
                     memory_bandwidth=rates.get(device, 0.0)) for device in devices]
+    host = None
+    if any(device_type(device) == "GPU" for device in devices):
+        cpu = host_cpu(devices[0])
+        host = Device(cpu, device_kind(cpu), device_memory(cpu))
+        host_link = host_link or measure_links([cpu, devices[0]], fallback=PCIE3).links[(cpu, devices[0])]
     return Cluster(built, SAME_PROCESS, links.links, name=name or f"local:{len(devices)}",
-                   shared=shared_cards(devices, gpus))
+                   shared=shared_cards(devices, gpus), host=host, host_link=host_link or PCIE3)
 
 
 @functools.lru_cache(maxsize=None)

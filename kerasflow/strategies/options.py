@@ -17,7 +17,7 @@ import math
 import os
 from typing import Any, Callable, Sequence
 
-from kerasflow.devices import canonical_device, default_devices, known_devices
+from kerasflow.devices import canonical_device, default_devices, device_type, host_cpu, known_devices
 from kerasflow.planner import Cluster, Plan
 from kerasflow.planner.errors import KerasflowError
 
@@ -263,7 +263,9 @@ class Options:
         """
         if isinstance(plan, (str, os.PathLike)):
             plan = Plan.load(plan)
-        unknown = sorted(set(plan.devices()) - set(self.devices))
+        # A GPU's host CPU runs the ops no GPU can (string ops, lookup tables: ``Cluster.host``).
+        hosts = {host_cpu(device) for device in self.devices if device_type(device) == "GPU"}
+        unknown = sorted(set(plan.devices()) - set(self.devices) - hosts)
         if unknown:
             raise KerasflowError(f"The plan uses device(s) {unknown} that {door} does not have "
                                  f"({list(self.devices)}). Replan for these devices.")

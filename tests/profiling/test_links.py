@@ -29,3 +29,24 @@ def test_times_that_do_not_grow_with_the_bytes_are_refused():
     dispatch_bound = [(2.0**k, 1e-4 - 1e-12 * 2.0**k) for k in range(10, 25, 2)]
     with pytest.raises(KerasflowError, match="do not grow with the bytes copied.*dispatch or noise"):
         _fit(dispatch_bound)
+
+
+def test_a_copy_rate_comes_back_from_noisy_concatenations():
+    from kerasflow.profiling.links import copy_rate
+
+    for seed in range(5):
+        assert copy_rate(samples(2e-6, 40e9, 0.05, seed), "CPU") == pytest.approx(40e9, rel=0.1)
+
+
+@pytest.mark.parametrize("kind, datasheet", [("H100", 3.35e12), ("CPU", 20e9), ("a card without a datasheet", 20e9)])
+def test_a_dispatch_bound_copy_rate_is_the_datasheets_said_once(kind, datasheet):
+    # A GPU's 16 MiB concatenation timed in one eager call each: its dispatch, flat or falling.
+    from kerasflow.planner.ir.hardware import DEVICE_SPECS
+    from kerasflow.profiling.links import copy_rate
+
+    if kind in DEVICE_SPECS:
+        assert DEVICE_SPECS[kind].memory_bandwidth == pytest.approx(datasheet)
+    dispatch_bound = [(2.0**k, 5e-5 - 1e-13 * 2.0**k) for k in range(21, 26)]
+    with pytest.warns(RuntimeWarning, match=f"a {kind} device's copy kernels measured no rate.*datasheet's") as said:
+        assert copy_rate(dispatch_bound, kind) == pytest.approx(datasheet)
+    assert len(said) == 1

@@ -359,3 +359,35 @@ def test_estimates_for_gpus_from_a_cpu_profile(mlp_graph):
     import kerasflow
 
     assert kerasflow.plan(estimated, "4xV100-nvlink", max_split_evaluations=2).predicted_step_time > 0
+
+
+def test_a_string_lookup_is_profiled_host_only_and_planned_onto_a_gpu_clusters_host():
+    # A model that looks its string inputs up (StringLookup), profiled on a CPU and planned for
+    # two K80s: the lookup has no GPU kernel, so the plan puts it on the host's CPU, every other
+    # op on a GPU, and the simulated step sends its ids from the host to the GPU that reads them.
+    from kerasflow.planner import Cluster, plan, simulate
+    from kerasflow.planner.ir.costmodel import estimate_costs
+    from kerasflow.planner.sim.tasknames import parse_copy_name
+
+    words = [f"w{i}" for i in range(50)]
+    inputs = keras.Input((8,), dtype="string")
+    ids = keras.layers.StringLookup(vocabulary=words[:40], name="lookup")(inputs)
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(keras.layers.Embedding(42, 16, name="embed")(ids))
+    model = keras.Model(inputs, keras.layers.Dense(4, name="head")(pooled))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    graph = profile_model(model, (rng.choice(words, (64, 8)), rng.integers(0, 4, 64)), batch_size=32, steps=2,
+                          verbose=0)
+    host_only = [op for op in graph.ops if op.host_only]
+    assert [op.type for op in host_only] == ["LookupTableFindV2"] and not host_only[0].splittable
+    cluster, priced = Cluster.preset("2xK80-pcie"), estimate_costs(graph, "K80")
+    best = plan(priced, cluster)
+    result = simulate(priced, cluster, best)
+    ran_on = {}  # op -> the devices its tasks (a replica's, a shard's) ran on
+    for name, device, role in zip(result.task_names, result.task_device, result.task_role):
+        if role == "op":
+            ran_on.setdefault(parse_copy_name(name)[0], set()).add(device)
+    assert all(ran_on[op.name] == {"/CPU:0"} for op in host_only), best.algorithm
+    assert all(device.startswith("/GPU:") for op in graph.ops if not op.host_only for device in ran_on[op.name])
+    ids_bytes = host_only[0].output_bytes[0].at(32)
+    assert sum(b for (src, _), b in result.link_bytes.items() if src == "/CPU:0") >= ids_bytes > 0

@@ -362,6 +362,17 @@ def test_a_plan_path_is_loaded_and_checked(tmp_path):
         Options.from_arguments(door="FastT", devices=["/CPU:0"], plan=tmp_path / "plan.json")
 
 
+def test_a_gpu_plan_may_put_the_ops_no_gpu_runs_on_their_hosts_cpu():
+    # A plan for GPUs puts string ops and lookups on the CPU beside them (Cluster.host); only that CPU.
+    gpus = Options(devices=("/GPU:0", "/GPU:1"))
+    given = Plan(placement={"lookup": "/CPU:0", "dense": "/GPU:1"}, algorithm="given")
+    assert gpus.with_plan(given).plan is given
+    with pytest.raises(KerasflowError, match=r"^The plan uses device\(s\) \['/CPU:1'\] that Options does not have"):
+        gpus.with_plan(Plan(placement={"lookup": "/CPU:1", "dense": "/GPU:1"}, algorithm="given"))
+    with pytest.raises(KerasflowError, match=r"^The plan uses device\(s\) \['/CPU:0'\] that Options does not have"):
+        Options(devices=("/CPU:1", "/CPU:2")).with_plan(given.with_devices({"/GPU:1": "/CPU:1"}))
+
+
 def test_options_are_taken_whole_and_their_devices_checked(monkeypatch):
     made = Options(devices=("/cpu:1", "/CPU:0"), warmup_steps=4, split="off")
     monkeypatch.setenv("KERASFLOW_WARMUP_STEPS", "9")  # options= is every setting: no variable is read

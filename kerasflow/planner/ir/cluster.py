@@ -109,6 +109,9 @@ def _check_link(link: Any, what: str) -> Link:
 # Link figures used by the presets (one direction):
 # - PCIe 3.0 x16: 15.75 GB/s theoretical, ~12 GB/s achieved by cudaMemcpy peer copies;
 #   ~10 us per copy (launch + DMA setup).
+# - PCIe 4.0 x16 (A100 servers' host link): 31.5 GB/s and PCIe 5.0 x16 (H100's): 63 GB/s
+#   theoretical (PCI-SIG), taken at PCIe 3's achieved share of its line rate (76 %): 24 and
+#   48 GB/s, with PCIe 3's 10 us per copy.
 # - NVLink 2 (V100): 25 GB/s per link per direction (NVIDIA V100 whitepaper); ~5 us.
 # - NVLink 3 through NVSwitch (DGX A100): 300 GB/s per GPU per direction; ~3 us.
 # - NVLink 4 through NVSwitch (DGX H100): 450 GB/s per GPU per direction; ~3 us.
@@ -116,6 +119,8 @@ def _check_link(link: Any, what: str) -> Link:
 # - Logical CPUs of one process pass tensors by reference; the cost is TF's send/receive
 #   rendezvous, ~20 us, and a nominal 50 GB/s.
 PCIE3 = Link(10e-6, 12 * GB)
+PCIE4 = Link(10e-6, 24 * GB)
+PCIE5 = Link(10e-6, 48 * GB)
 NVLINK2 = Link(5e-6, 25 * GB)
 NVSWITCH3 = Link(3e-6, 300 * GB)
 NVSWITCH4 = Link(3e-6, 450 * GB)
@@ -148,6 +153,12 @@ class Cluster:
             ``kerasflow.testbed`` a matmul chain on a task took about the time of a 16 MiB
             transfer longer while the task sent or received it, so 1 there). 0 (the default):
             devices compute while their links carry (GPUs' copy engines, NICs).
+        host: the CPU of the first device's machine where the devices are accelerators: no plan
+            puts the step's compute on it, but the ops only a host can run (``Op.host_only``:
+            string ops, lookup tables) run there whatever a plan says, as TensorFlow's soft
+            placement runs them, and their outputs cross ``host_link`` (``hosted``). None (CPU
+            clusters, whose devices are hosts' CPUs): those ops are placed as any other.
+        host_link: the link between ``host`` and each device, both ways (PCIe 3 by default).
 
     Raises:
         InvalidClusterError: duplicate or unknown devices, or bad figures.
@@ -171,6 +182,8 @@ class Cluster:
         step_dispatch: float = 0.0,
         message_gap: float | None = None,
         core_share: float = 0.0,
+        host: Device | None = None,
+        host_link: Link | tuple = PCIE3,
     ):
         self._devices = tuple(devices)
         if not self._devices:
@@ -202,6 +215,12 @@ class Cluster:
         if self._core_share > 1:
             raise InvalidClusterError(f"core_share is a fraction of a transfer's time, from 0 to 1. Received: "
                                       f"core_share={core_share!r}")
+        if host is not None and (not isinstance(host, Device) or host.name in self._index):
+            raise InvalidClusterError(f"A cluster's host is a Device apart from its devices (the CPU beside them). "
+                                      f"Received: host={host!r}")
+        self._host, self._host_link = host, _check_link(host_link, "host_link")
+        self._hosted: Cluster | None = None  # made on first use (``hosted``, ``unhosted``)
+        self._unhosted: Cluster | None = None
         n = len(self._devices)
         # Dense matrices for the simulator's inner loop: a transfer arrives after its link's
         # latency and holds the link for its gap (the whole latency, unless message_gap is less).
@@ -222,9 +241,10 @@ class Cluster:
 
     @classmethod
     def two_level(cls, devices: Iterable[Device], intra_host: Link | tuple, inter_host: Link | tuple, *,
-                  name: str = "") -> "Cluster":
+                  name: str = "", host: Device | None = None, host_link: Link | tuple = PCIE3) -> "Cluster":
         """A multi-host cluster: ``intra_host`` between devices of one host (``Device.host``),
-        ``inter_host`` (the network) between devices of different hosts.
+        ``inter_host`` (the network) between devices of different hosts; ``host`` and
+        ``host_link`` as for the class.
 
         Example:
             >>> devices = [Device(f"/job:worker/replica:0/task:{h}/device:GPU:{i}", "V100", 16 * 2**30, host=h)
@@ -237,7 +257,7 @@ class Cluster:
         inter_host = _check_link(inter_host, "inter_host")
         links = {(a.name, b.name): inter_host for a in devices for b in devices
                  if isinstance(a, Device) and isinstance(b, Device) and a.host != b.host}
-        return cls(devices, intra_host, links, name=name)
+        return cls(devices, intra_host, links, name=name, host=host, host_link=host_link)
 
     def hosts(self) -> dict[int, list[str]]:
         """Host index -> the names of its devices, in cluster order.
@@ -267,6 +287,53 @@ class Cluster:
 
     # ------------------------------------------------------------------ accessors
     @property
+    def host(self) -> Device | None:
+        """The CPU that runs the ops only a host can run (None: they run on the devices; see the class)."""
+        return self._host
+
+    @property
+    def host_link(self) -> Link:
+        """The link between ``host`` and each device."""
+        return self._host_link
+
+    @property
+    def hosted(self) -> "Cluster":
+        """The cluster the simulator runs a step on: its devices and, last, its ``host`` (joined to
+        each by ``host_link``); itself when it has no host. Made once.
+
+        Example:
+            >>> cluster = Cluster.preset("2xK80-pcie")
+            >>> cluster.hosted.device_names, cluster.hosted.link("/CPU:0", "/GPU:1") == PCIE3
+            (['/GPU:0', '/GPU:1', '/CPU:0'], True)
+        """
+        if self._host is None:
+            return self
+        if self._hosted is None:
+            links = dict(self._links)
+            for device in self._devices:
+                links[(self._host.name, device.name)] = links[(device.name, self._host.name)] = self._host_link
+            self._hosted = self._like(devices=self._devices + (self._host,), links=links, host=None)
+        return self._hosted
+
+    @property
+    def unhosted(self) -> "Cluster":
+        """The same devices without a host (itself when it has none): host-only ops placed as any.
+        Made once."""
+        if self._host is None:
+            return self
+        if self._unhosted is None:
+            self._unhosted = self._like(host=None)
+        return self._unhosted
+
+    def _like(self, **changes) -> "Cluster":
+        """A cluster with this one's settings but ``changes`` (``Cluster``'s arguments)."""
+        settings = dict(devices=self._devices, default_link=self._default, links=self._links, name=self._name,
+                        shared=self._shared, step_dispatch=self._step_dispatch, message_gap=self._message_gap,
+                        core_share=self._core_share, host=self._host, host_link=self._host_link)
+        settings.update(changes)
+        return Cluster(**settings)
+
+    @property
     def shared(self) -> tuple[SharedCompute, ...]:
         """The groups of devices that share compute (empty: every device is independent)."""
         return self._shared
@@ -279,8 +346,7 @@ class Cluster:
             >>> Cluster.preset("logical-cpus:2").independent().shared
             ()
         """
-        return Cluster(self._devices, self._default, self._links, name=self._name, step_dispatch=self._step_dispatch,
-                       message_gap=self._message_gap, core_share=self._core_share)
+        return self._like(shared=())
 
     def sums_with_nccl(self, names: Iterable[str]) -> bool:
         """Whether kerasflow sums over the named devices with NCCL (``strategies.collectives``): all
@@ -413,9 +479,7 @@ class Cluster:
             kept = tuple(d for d in pool.devices if d in names)
             if len(kept) > 1:
                 shared.append(dataclasses.replace(pool, devices=kept))
-        return Cluster(devices, self._default, links, name=f"{self._name}[{len(names)}]", shared=shared,
-                       step_dispatch=self._step_dispatch, message_gap=self._message_gap,
-                       core_share=self._core_share)
+        return self._like(devices=devices, links=links, name=f"{self._name}[{len(names)}]", shared=shared)
 
     # ------------------------------------------------------------------ presets
     @staticmethod
@@ -473,6 +537,8 @@ class Cluster:
             **({"step_dispatch": self._step_dispatch} if self._step_dispatch else {}),
             **({"message_gap": self._message_gap} if self._message_gap is not None else {}),
             **({"core_share": self._core_share} if self._core_share else {}),
+            **({"host": dataclasses.asdict(self._host), "host_link": self._host_link._asdict()}
+               if self._host is not None else {}),
         }
 
     @classmethod
@@ -480,20 +546,12 @@ class Cluster:
         """Builds a cluster from ``to_dict`` data, validating everything."""
         _jsonio.check_header(data, _CLUSTER_KIND, CLUSTER_FORMAT_VERSION)
         _jsonio.check_fields(data, {"name", "devices", "links", "default_link", "shared", "step_dispatch",
-                                    "message_gap", "core_share"}, "cluster")
+                                    "message_gap", "core_share", "host", "host_link"}, "cluster")
         devices_data = data.get("devices")
         if not isinstance(devices_data, list):
             raise InvalidClusterError("field 'devices' must be a list of device objects.")
-        known = {f.name for f in dataclasses.fields(Device)}
-        devices = []
-        for item in devices_data:
-            if not isinstance(item, Mapping) or not {"name", "kind", "memory"} <= set(item):
-                raise InvalidClusterError(
-                    f"Each device needs 'name', 'kind' and 'memory'; received {item!r}.")
-            unknown = sorted(set(item) - known)
-            if unknown:
-                raise InvalidClusterError(f"device {item.get('name')!r}: unknown field(s) {unknown}.")
-            devices.append(Device(**item))
+        devices = [_device_from(item) for item in devices_data]
+        host = _device_from(data["host"]) if data.get("host") is not None else None
         links = {}
         for item in data.get("links") or []:
             if not isinstance(item, Mapping) or "src" not in item or "dst" not in item:
@@ -505,7 +563,7 @@ class Cluster:
         return cls(devices, data.get("default_link", PCIE3), links, name=data.get("name", ""),
                    shared=[SharedCompute.from_dict(item) for item in shared],
                    step_dispatch=data.get("step_dispatch", 0.0), message_gap=data.get("message_gap"),
-                   core_share=data.get("core_share", 0.0))
+                   core_share=data.get("core_share", 0.0), host=host, host_link=data.get("host_link", PCIE3))
 
     def save(self, path) -> None:
         """Writes the cluster as JSON."""
@@ -531,14 +589,26 @@ class Cluster:
         )
 
 
-def _gpus(kind: str, count: int, link: Link, *, hosts: int = 1, name: str) -> Cluster:
+def _device_from(item: Any) -> Device:
+    """A ``Device`` from its JSON object, validated."""
+    if not isinstance(item, Mapping) or not {"name", "kind", "memory"} <= set(item):
+        raise InvalidClusterError(f"Each device needs 'name', 'kind' and 'memory'; received {item!r}.")
+    unknown = sorted(set(item) - {f.name for f in dataclasses.fields(Device)})
+    if unknown:
+        raise InvalidClusterError(f"device {item.get('name')!r}: unknown field(s) {unknown}.")
+    return Device(**item)
+
+
+def _gpus(kind: str, count: int, link: Link, *, hosts: int = 1, name: str, host_link: Link = PCIE3) -> Cluster:
     spec = DEVICE_SPECS[kind]
     devices = []
     for host in range(hosts):
         for i in range(count):
             device = f"/GPU:{i}" if hosts == 1 else f"/job:worker/replica:0/task:{host}/device:GPU:{i}"
             devices.append(Device(device, kind, spec.memory, host=host))
-    return Cluster.two_level(devices, link, ETHERNET_100G, name=name)
+    cpu = "/CPU:0" if hosts == 1 else "/job:worker/replica:0/task:0/device:CPU:0"  # the chief's
+    return Cluster.two_level(devices, link, ETHERNET_100G, name=name,
+                             host=Device(cpu, "CPU", DEVICE_SPECS["CPU"].memory), host_link=host_link)
 
 
 _PRESETS = {
@@ -546,7 +616,7 @@ _PRESETS = {
     "4xV100-pcie": lambda: _gpus("V100", 4, PCIE3, name="4xV100-pcie"),
     "4xV100-nvlink": lambda: _gpus("V100", 4, NVLINK2, name="4xV100-nvlink"),
     "8xV100-nvlink": lambda: _gpus("V100", 8, NVLINK2, name="8xV100-nvlink"),
-    "8xA100-nvlink": lambda: _gpus("A100", 8, NVSWITCH3, name="8xA100-nvlink"),
-    "8xH100-nvlink": lambda: _gpus("H100", 8, NVSWITCH4, name="8xH100-nvlink"),
+    "8xA100-nvlink": lambda: _gpus("A100", 8, NVSWITCH3, name="8xA100-nvlink", host_link=PCIE4),
+    "8xH100-nvlink": lambda: _gpus("H100", 8, NVSWITCH4, name="8xH100-nvlink", host_link=PCIE5),
     "2x8xV100": lambda: _gpus("V100", 8, NVLINK2, hosts=2, name="2x8xV100"),
 }

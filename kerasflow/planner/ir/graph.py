@@ -18,9 +18,14 @@ from .. import _jsonio
 from ..errors import InvalidGraphError
 from .toposort import topological_order
 
-__all__ = ["Affine", "Op", "Edge", "OpGraph", "PHASES", "GRAPH_FORMAT_VERSION"]
+__all__ = ["Affine", "Op", "Edge", "OpGraph", "PHASES", "GRAPH_FORMAT_VERSION", "HOST_GROUP"]
 
 PHASES = ("forward", "backward", "update", "other")
+# The colocation groups of ops only a host's CPU can run ("kerasflow:host/<layer>", one per layer):
+# string ops (preprocessing layers, string inputs) and ops on lookup tables, which live where they
+# were created. The profiler writes them (``profiling.capture``); the planner keeps them on the
+# cluster's host (``Cluster.host``) and never splits them.
+HOST_GROUP = "kerasflow:host"
 GRAPH_FORMAT_VERSION = 1
 _GRAPH_KIND = "kerasflow.OpGraph"
 
@@ -183,6 +188,16 @@ class Op:
     def splittable(self) -> bool:
         """True when the op can be split along the batch."""
         return self.batch_axis is not None
+
+    @property
+    def host_only(self) -> bool:
+        """True when only a host's CPU can run the op (its colocation group is a ``HOST_GROUP``).
+
+        Example:
+            >>> Op("lookup/LookupTableFindV2", colocation=HOST_GROUP + "/lookup").host_only
+            True
+        """
+        return self.colocation is not None and self.colocation.startswith(HOST_GROUP)
 
     def duration(self, kind: str, batch: float, speed: float = 1.0) -> float:
         """Seconds this op takes on a device of ``kind`` and relative ``speed``.

@@ -17,7 +17,7 @@ __all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "BatchSt
            "batch_statistics", "shardable_ops", "folded_ops", "variable_groups", "weight_bound_layers",
            "colocation_groups", "static_tables", "durations", "LOSS_GROUP", "split_groups", "is_loss_op", "group_ops",
            "gradient_sums", "gradient_sum_readers", "layer_readers", "FUSED_GROUP", "fused_ops", "REFUSED_BATCHES",
-           "refused_batch_sizes", "TEMPORARY_MEMORY", "temporary_bytes"]
+           "refused_batch_sizes", "TEMPORARY_MEMORY", "temporary_bytes", "host_ops"]
 
 BATCH_PHASES = ("forward", "backward")
 
@@ -411,6 +411,21 @@ def fused_ops(graph: OpGraph) -> frozenset[str]:
     if cached is None:
         cached = frozenset(op.name for op in graph.ops if (op.colocation or "").startswith(FUSED_GROUP + "/"))
         graph._structure.cache["fused"] = cached
+    return cached
+
+
+def host_ops(graph: OpGraph) -> frozenset[int]:
+    """The indices of the ops only a host can run (``Op.host_only``).
+
+    Example:
+        >>> from kerasflow.planner import Op, OpGraph
+        >>> from kerasflow.planner.ir.graph import HOST_GROUP
+        >>> host_ops(OpGraph([Op("dense/MatMul"), Op("lookup/Find", colocation=HOST_GROUP + "/lookup")], []))
+        frozenset({1})
+    """
+    cached = graph._structure.cache.get("host_ops")
+    if cached is None:
+        cached = graph._structure.cache["host_ops"] = frozenset(i for i, op in enumerate(graph.ops) if op.host_only)
     return cached
 
 

@@ -23,6 +23,7 @@ from ..ir.cluster import Cluster
 from ..ir.graph import OpGraph
 from ..ir.graphtables import batch_ops, group_ops, shardable_ops, split_groups, variable_groups
 from ..ir.plan import Plan, Shard
+from ..sim.planchecks import ran_on
 from ..sim.simulator import SimulationResult, run_task_graph
 from ..sim.taskgraph import TaskGraph, build_task_graph
 from ..schedule.ranks import predecessors
@@ -98,6 +99,7 @@ def critical_tasks(tg: TaskGraph, result: SimulationResult, cluster: Cluster) ->
                        key=lambda t: (start[t], position.get(t, n), t))
         for a, b in zip(tasks, tasks[1:]):
             previous[b] = a
+    cluster = ran_on(tg, cluster)  # with its host, where the tasks run some ops there
     latency, inverse = cluster.latency_matrix, cluster.inverse_bandwidth_matrix
     num_devices = len(tg.devices)
     t = max(range(n), key=lambda x: (end[x], -x))

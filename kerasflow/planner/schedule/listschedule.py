@@ -517,7 +517,7 @@ def scheduling_tasks(graph: OpGraph, cluster: Cluster, splits, batch: float) -> 
 
     first = cluster.device_names[0]
     provisional = Plan(placement={op.name: first for op in graph.ops}, splits=splits or {})
-    tg = build_task_graph(graph, cluster, provisional, batch)
+    tg = build_task_graph(graph, cluster, provisional, batch, hosted=False)  # the host's ops are pinned later
     fixed = [tg.resource[t] if tg.role[t] == "op" and tg.shard[t] >= 0 else -1 for t in range(len(tg))]
     return tg, fixed
 

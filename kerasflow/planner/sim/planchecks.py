@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from ..errors import InvalidPlanError
 from ..ir.cluster import Cluster
 from ..ir.graph import OpGraph
-from ..ir.graphtables import (batch_ops, colocation_groups, gradient_sums, group_ops, layer_readers, shardable_ops,
-                          split_groups)
+from ..ir.graphtables import (batch_ops, colocation_groups, gradient_sums, group_ops, host_ops, layer_readers,
+                              shardable_ops, split_groups)
 from ..ir.plan import Plan
 from ..ir.toposort import topological_order
 
-__all__ = ["ResolvedPlan", "resolve_plan", "attach_orders"]
+__all__ = ["ResolvedPlan", "resolve_plan", "attach_orders", "ran_on"]
 
 
 @dataclass
@@ -59,6 +59,12 @@ def device_index(cluster: Cluster, name: str, what: str) -> int:
 
 def _positions(cluster: Cluster) -> dict[str, int]:
     return {name: i for i, name in enumerate(cluster.device_names)}
+
+
+def ran_on(tg, cluster: Cluster) -> Cluster:
+    """The cluster whose devices ``tg``'s are: ``cluster``, or with its host (``Cluster.hosted``)
+    where the tasks were built with it (``taskgraph.build_task_graph``)."""
+    return cluster.hosted if len(tg.devices) > len(cluster) else cluster
 
 
 def resolve_plan(graph: OpGraph, cluster: Cluster, plan: Plan) -> ResolvedPlan:
@@ -104,11 +110,17 @@ def _whole_sums(graph: OpGraph, shards_of_layer: dict) -> frozenset[int]:
 
 
 def _placement(graph: OpGraph, cluster: Cluster, plan: Plan, is_batch: list[bool]) -> list[int]:
-    ops, placement, positions, groups = graph.ops, plan.placement, _positions(cluster), split_groups(graph)
+    ops, placement, groups = graph.ops, plan.placement, split_groups(graph)
+    positions = _positions(cluster.hosted)  # a host (last) runs the host-only ops (``hostops``)
     try:
         place = [positions[placement[op.name]] for op in ops]
     except KeyError:
         place = [_placed(cluster, plan, op.name) for op in ops]
+    if cluster.host is not None and place.count(len(cluster)) > len(host_ops(graph)):
+        stray = next(op.name for i, op in enumerate(ops) if place[i] == len(cluster) and not op.host_only)
+        raise InvalidPlanError(
+            f"op {stray!r} is placed on the host {cluster.host.name!r}, which runs only the ops no device can "
+            f"(string ops, lookup tables). Place it on one of the devices {cluster.device_names}.")
     if len(placement) != len(ops):
         unknown = [name for name in placement if name not in graph]
         raise InvalidPlanError(
@@ -136,7 +148,7 @@ def _placed(cluster: Cluster, plan: Plan, name: str) -> int:
         raise InvalidPlanError(
             f"op {name!r} has no device in the plan's placement; every op needs one. "
             "Replan for this graph.")
-    return device_index(cluster, device, f"placement of op {name!r}")
+    return device_index(cluster.hosted, device, f"placement of op {name!r}")
 
 
 def _splits(graph: OpGraph, cluster: Cluster, plan: Plan, is_batch: list[bool]) -> dict:
@@ -179,6 +191,7 @@ def attach_orders(tg, cluster: Cluster, plan: Plan, *, causal: bool = False) -> 
             ids[name] = t
             if 0 <= resource < len(expected):
                 expected[resource].append(t)
+    cluster = ran_on(tg, cluster)
     for device, names in plan.order.items():
         d = device_index(cluster, device, "order")
         seen = []

@@ -8,6 +8,7 @@ import math
 from ..ir.cluster import Cluster
 from ..ir.graph import OpGraph
 from ..ir.plan import Plan
+from .hostops import on_host
 from .simulator import SimulationResult, simulate
 
 __all__ = ["with_prediction", "with_result"]
@@ -15,9 +16,10 @@ __all__ = ["with_prediction", "with_result"]
 
 def with_prediction(plan: Plan, graph: OpGraph, cluster: Cluster, batch: int | None = None, *,
                     unless_slower_than: float | None = None) -> Plan | None:
-    """``plan`` with its predicted step time, peak memory and provenance filled in by the simulator;
-    None once the simulation passes ``unless_slower_than`` seconds (``simulator.simulate_tasks``'
-    deadline: a plan that must beat another is not run to the end).
+    """``plan`` with its predicted step time, peak memory and provenance filled in by the simulator
+    (and its host-only ops on the cluster's host, ``hostops.on_host``); None once the simulation
+    passes ``unless_slower_than`` seconds (``simulator.simulate_tasks``' deadline: a plan that
+    must beat another is not run to the end).
 
     Example:
         >>> from kerasflow.planner import single_device, synthetic
@@ -28,6 +30,7 @@ def with_prediction(plan: Plan, graph: OpGraph, cluster: Cluster, batch: int | N
         True
     """
     batch = batch or plan.batch_size or graph.batch_size
+    plan = on_host(plan, graph, cluster)  # as it runs: host-only ops on the host, said in the plan
     deadline = math.inf if unless_slower_than is None else unless_slower_than
     result = simulate(graph, cluster, plan, batch=batch, deadline=deadline)
     return None if result is None else with_result(plan, graph, cluster, batch, result)

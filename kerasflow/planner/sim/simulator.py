@@ -24,6 +24,7 @@ from ..errors import SimulationError
 from ..ir.cluster import Cluster
 from ..ir.graph import OpGraph
 from ..ir.plan import Plan
+from .planchecks import ran_on
 from .ring import gather_transfers
 from .eventloop import EventLoop, exclusive
 from .sharedpools import shared_pools
@@ -249,6 +250,7 @@ def simulate_tasks(graph: OpGraph, cluster: Cluster, tasks: TaskGraph, *, memory
         >>> simulate_tasks(graph, cluster, tasks, deadline=result.makespan / 2) is None
         True
     """
+    cluster = ran_on(tasks, cluster)
     overhead = step_overhead(graph) + cluster.dispatch_for(tasks.used_devices())
     with collector_paused():
         result = run_task_graph(tasks, cluster, memory=memory, deadline=deadline - overhead)
@@ -273,6 +275,7 @@ def run_task_graph(tg: TaskGraph, cluster: Cluster, *, memory: bool = True,
     """Runs an expanded ``TaskGraph`` (see ``simulate``) in the event loop (``eventloop.EventLoop``).
     None once the clock passes ``deadline`` while the start order still replays this run (never on
     shared compute): events come in time order, so the step ends after it."""
+    cluster = ran_on(tg, cluster)
     ran = EventLoop(tg, cluster, shared_pools if cluster.shared else exclusive).run(deadline)
     if ran is None:
         return None

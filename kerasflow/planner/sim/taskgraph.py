@@ -16,8 +16,9 @@ from typing import Sequence
 from .._gc import collector_paused
 from ..ir.cluster import Cluster
 from ..ir.graph import Affine, OpGraph
-from ..ir.graphtables import batch_statistics, durations, folded_ops, split_groups, static_tables
+from ..ir.graphtables import batch_statistics, durations, folded_ops, host_ops, split_groups, static_tables
 from ..ir.plan import Plan
+from .hostops import host_seconds, on_host
 from .planchecks import attach_orders, resolve_plan
 from .ring import FUSION_BUFFER_BYTES, fusion_buffers
 from .tasknames import auxiliary_name, barrier_name, copy_name
@@ -147,7 +148,8 @@ def queued_tasks(tg: TaskGraph) -> list[bool]:
     return queued
 
 
-def build_task_graph(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float | None = None) -> TaskGraph:
+def build_task_graph(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float | None = None, *,
+                     hosted: bool = True) -> TaskGraph:
     """Expands a plan into tasks, validating it on the way.
 
     Args:
@@ -155,6 +157,9 @@ def build_task_graph(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float 
         cluster: the devices.
         plan: where and how it runs.
         batch: the batch to price; defaults to the plan's, then the graph's.
+        hosted: on a cluster with a host (``Cluster.host``), its host-only ops run there
+            (``hostops.on_host``) and the tasks' devices are ``Cluster.hosted``'s; False: on the
+            devices alone, as the plan places them (the list schedulers' provisional tasks).
 
     Raises:
         InvalidPlanError: the plan names unknown ops, layers or devices, breaks a
@@ -162,7 +167,7 @@ def build_task_graph(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float 
             against the data flow.
     """
     with collector_paused():
-        return _Builder(graph, cluster, plan, batch).build()
+        return _Builder(graph, cluster, plan, batch, hosted=hosted).build()
 
 
 def busiest_device_seconds(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float | None = None) -> float:
@@ -181,7 +186,7 @@ def busiest_device_seconds(graph: OpGraph, cluster: Cluster, plan: Plan, batch: 
         >>> abs(busiest_device_seconds(graph, cluster, plan) - graph.total_work("K80")) < 1e-12
         True
     """
-    work = [0.0] * len(cluster)
+    work = [0.0] * len(cluster.hosted)
     for _, device, seconds in _op_copy_seconds(graph, cluster, plan, batch):
         work[device] += seconds
     return max(work)
@@ -223,13 +228,13 @@ def _op_copy_seconds(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float 
     """Every op task ``plan`` builds as ``(op, device, seconds)``, from ``_Builder.op_copies``."""
     builder = _Builder(graph, cluster, plan, batch)
     builder.resolve()
-    devices, ops = cluster.devices, graph.ops
+    devices, ops = builder.devices, graph.ops
     # Every op's seconds per device and whole-replica or whole-wave batch, looked up; a shard's
     # share is priced op by op.
     whole = {builder.replica_batch} | {builder.replica_batch * f for f in builder.wave_fraction}
     rows: dict[tuple[int, float], list[float]] = {}
     for _, i, device, batch_share, _, _ in builder.op_copies():
-        if batch_share not in whole:
+        if batch_share not in whole or device == builder.host:
             yield i, device, builder._duration(ops[i], device, batch_share)
             continue
         row = rows.get((device, batch_share))
@@ -240,18 +245,22 @@ def _op_copy_seconds(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float 
 
 
 class _Builder:
-    def __init__(self, graph: OpGraph, cluster: Cluster, plan: Plan, batch):
-        self.graph, self.cluster, self.plan = graph, cluster, plan
+    def __init__(self, graph: OpGraph, cluster: Cluster, plan: Plan, batch, *, hosted: bool = True):
+        # The plan as it runs: the host-only ops on the host, which joins the devices (hostops).
+        self.planned_for = cluster if hosted and host_ops(graph) else cluster.unhosted
+        self.graph, self.cluster, self.plan = graph, self.planned_for.hosted, on_host(plan, graph, self.planned_for)
         self.batch = float(batch or plan.batch_size or graph.batch_size)
-        self.devices = cluster.devices
-        self.tg = TaskGraph(cluster.device_names)
+        self.devices = self.cluster.devices
+        # The host's index, last: it runs the host-only ops whatever the replica (None: no host).
+        self.host = len(self.planned_for) if self.planned_for.host is not None else None
+        self.tg = TaskGraph(self.cluster.device_names)
         # Each op's position in topological order (the priority of its tasks), built once per graph.
         self.rank: list[int] = static_tables(graph, self.batch)["priority"]
 
     # ------------------------------------------------------------------ building
     def resolve(self) -> None:
         """Checks the plan and reads where each op goes, its copies and the replicas."""
-        checked = resolve_plan(self.graph, self.cluster, self.plan)
+        checked = resolve_plan(self.graph, self.planned_for, self.plan)
         self.is_batch, self.place, self.replica_devices = checked.is_batch, checked.place, checked.replica_devices
         self.shards_of_layer, self.whole, self.stage_maps = checked.shards_of_layer, checked.whole, checked.stage_maps
         self.wave_count, self.wave_fraction = checked.wave_count, checked.wave_fraction
@@ -286,6 +295,8 @@ class _Builder:
             replica = r if dp else -1
             for i in self.graph._structure.topo:
                 home = replica_device if dp else self.place[i]
+                if dp and self.host is not None and ops[i].host_only:
+                    home = self.host  # each replica's share of them, on the host
                 if dp and ops[i].type == "Placeholder" and any(b.scales_with_batch for b in ops[i].output_bytes):
                     home = self.batch_holder  # the replica's rows of the batch, sent from there
                 if not self.is_batch[i]:
@@ -302,6 +313,8 @@ class _Builder:
                         yield replica, i, device, wave_batch * fraction, w, s if shards else -1
 
     def _duration(self, op, device: int, batch: float) -> float:
+        if device == self.host:
+            return host_seconds(op, self.devices[0].kind, batch)
         d = self.devices[device]
         return op.duration(d.kind, batch, d.speed)
 
@@ -321,7 +334,7 @@ class _Builder:
         tg.derived = static["derived"]
         place = self.place
         tg.resource = place
-        devices = self.devices
+        devices = self.devices[:self.host]  # the host (last) runs only its own ops, priced below
         classes = {(d.kind, d.speed) for d in devices}
         if len(classes) == 1:
             kind, speed = next(iter(classes))
@@ -329,7 +342,11 @@ class _Builder:
         else:
             per_class = {c: durations(graph, c[0], c[1], batch) for c in classes}
             rows = [per_class[(d.kind, d.speed)] for d in devices]
-            tg.duration = [rows[r][i] for i, r in enumerate(place)]
+            tg.duration = [rows[r][i] if r != self.host else 0.0 for i, r in enumerate(place)]
+        if self.host is not None:
+            tg.duration = list(tg.duration)  # the graph's shared table stays as it is
+            for i in host_ops(graph):
+                tg.duration[i] = self._duration(graph.ops[i], self.host, batch)
 
     def _edge(self, p: int, k: int, nbytes: float, c: int, wave: int = -1) -> None:
         """``p``'s output ``k`` (``nbytes``) passed to ``c``: one transfer per output and
@@ -367,10 +384,10 @@ class _Builder:
             tg.ring_devices = names
             classes = {(self.devices[d].kind, self.devices[d].speed, self.devices[d].memory_bandwidth,
                         self.devices[d].launch_overhead) for d in replicas}
-            if len(classes) == 1 and len(replicas) > 1 and not self.cluster.shares_compute(names):
+            if len(classes) == 1 and len(replicas) > 1 and not self.cluster.shares_compute(names) and self.host is None:
                 # Identical replicas run identical timelines: simulate the first one and
                 # mirror its figures onto the others (the ring still counts them all). Not
-                # where they share compute: there each replica slows the others.
+                # where they share compute, nor a host: there each replica slows the others.
                 tg.mirrors = replicas[1:]
                 tg.replica_home = replicas[0]
                 self.replicas = replicas[:1]
