@@ -10,6 +10,10 @@ kerasflow/planner``) never starts TensorFlow.
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The suite's fits are a few steps long, and most check the plan in force at a known step: they
+# plan inside fit, which waits for the planner. Planning beside training, the default, has its
+# own tests (tests/strategies/test_background_planning.py), which ask for it.
+os.environ.setdefault("KERASFLOW_BACKGROUND_PLANNING", "0")
 
 _ROOT = os.path.dirname(os.path.abspath(__file__))
 _WITHOUT_TENSORFLOW = (os.path.join("kerasflow", "planner"), os.path.join("tests", "planner"))

@@ -3,8 +3,8 @@
 Uses every GPU when there are some, else splits the CPU into 4 logical devices. The script
 first trains the model for a few steps as plain Keras does (the default placement, no
 profiler) and under tf.distribute.MirroredStrategy on the same devices, then with
-FastTStrategy: inside that one `fit` call kerasflow warms up, profiles the step, plans it,
-rebuilds it and keeps training. It prints the plan, whether it is in force, the one-time
+FastTStrategy: inside that one `fit` call kerasflow warms up, profiles the step, plans it (in
+a process of its own, while the steps go on), rebuilds it and keeps training. It prints the plan, whether it is in force, the one-time
 cost and the three measured step times side by side. On logical CPUs, which share one host's
 cores, the planner usually keeps the default placement (no plan is predicted faster there, so
 none is tried); then, or when a plan measured slower and was dropped, it prints what the planner
@@ -117,12 +117,16 @@ def main() -> None:
         print(f"  split layers: {', '.join(sorted(plan.splits))}")
     print(report.summary())
     # The steps after the plan was timed beside the default placement (clock.steps()[k] is step
-    # k + 1; the first step after a dropped plan retraces), or after planning kept the default.
-    settled = strategy.report.get("settled_step", strategy.options.warmup_steps + strategy.options.profile_steps)
+    # k + 1; the first step after a dropped plan retraces), or after the planner, which ran beside
+    # training, kept the default.
+    beside = strategy.report.get("steps_while_planning", 0)
+    settled = strategy.report.get("settled_step", strategy.options.warmup_steps + strategy.options.profile_steps + beside)
     planned_step = float(np.median(clock.steps()[settled + 1:]))
     one_time = float(np.sum(clock.steps()[:settled + 1]) - (settled + 1) * default_step)
-    print(f"One-time cost: {one_time:.1f} s more than plain Keras' steps over steps 0-{settled} (profiling and "
-          f"planning took {strategy.report['plan_seconds']:.1f} s of it)")
+    waited, planned = strategy.report["wait_seconds"], strategy.report["plan_seconds"]
+    print(f"One-time cost: {one_time:.1f} s more than plain Keras' steps over steps 0-{settled} (fit waited "
+          + (f"{waited:.1f} s for the profile; the planner took {planned - waited:.1f} s more in a process of its own, "
+             f"while {beside} steps trained" if beside else f"{waited:.1f} s for profiling and planning") + ")")
     measured = (f"Measured step time: {default_step * 1e3:.1f} ms on the default placement, {mirrored_step * 1e3:.1f} ms "
                 f"with MirroredStrategy, {planned_step * 1e3:.1f} ms with ")
     if dropped or kept_default:  # both FastTStrategy figures are then the default placement's: no speed-up

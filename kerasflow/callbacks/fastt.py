@@ -35,8 +35,8 @@ class FastT(keras.callbacks.Callback, _compat.TfKerasCallbackHooks):
 
     Args: as for ``FastTStrategy`` (``devices``, ``cluster``, ``plan``, ``warmup_steps``,
         ``profile_steps``, ``split``, ``tick_tock``, ``replicated``, ``memory_limit``, ``log_dir``,
-        ``verbose``, ``on_mismatch``, ``drop_slower_plan``, ``deterministic``, ``collaborators``, ``options``: an
-        ``Options`` in place of the settings' keyword arguments, not with them). ``split="auto"``
+        ``verbose``, ``on_mismatch``, ``drop_slower_plan``, ``deterministic``, ``background_planning``,
+        ``collaborators``, ``options``: an ``Options`` in place of the settings' keyword arguments, not with them). ``split="auto"``
         (the default) splits layers where no two devices of the cluster share compute (GPUs,
         several hosts, ``cpu-testbed:N``), not on the logical CPUs of one host. The strategy's
         checks, made by the same ``Options.from_arguments``, with the same errors.
@@ -62,13 +62,15 @@ class FastT(keras.callbacks.Callback, _compat.TfKerasCallbackHooks):
                  split: str | bool | None = None, tick_tock: str | None = None, replicated: str | None = None,
                  memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None,
                  on_mismatch: str | None = None, drop_slower_plan: bool | None = None, deterministic: str | None = None,
+                 background_planning: bool | None = None,
                  collaborators: Collaborators | None = None, options: Options | None = None):
         super().__init__()
         self.options = Options.from_arguments(
             door="FastT", options=options, devices=devices, cluster=cluster, plan=plan, warmup_steps=warmup_steps,
             profile_steps=profile_steps, split=split, tick_tock=tick_tock, replicated=replicated,
             memory_limit=memory_limit, log_dir=log_dir, verbose=verbose, on_mismatch=on_mismatch,
-            drop_slower_plan=drop_slower_plan, deterministic=deterministic)
+            drop_slower_plan=drop_slower_plan, deterministic=deterministic,
+            background_planning=background_planning)
         self.collaborators = collaborators or Collaborators()
         self._said_graph_mode = False
         self.driver = Driver(self.options, collaborators=self.collaborators)

@@ -14,8 +14,9 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from kerasflow.devices import wait_for_devices
+from kerasflow.planner import ranked_plans
 
-if TYPE_CHECKING:  # the planner is imported when it plans
+if TYPE_CHECKING:
     from kerasflow.planner import PlanRequest
 
 __all__ = ["Collaborators", "stopwatch"]
@@ -41,12 +42,6 @@ def stopwatch(step: Callable[[], Any], plan) -> tuple[Any, float]:
             value.numpy()
     wait_for_devices()
     return outputs, time.perf_counter() - started
-
-
-def _plan_ranked(request: PlanRequest) -> list:
-    from kerasflow.planner import ranked_plans
-
-    return ranked_plans(request)
 
 
 def _profile(model, batch, **settings):
@@ -90,6 +85,7 @@ class Collaborators:
         True
     """
 
-    planner: Callable[[PlanRequest], list] = _plan_ranked
+    # kerasflow.planner's own function: a planning process imports it without TensorFlow.
+    planner: Callable[[PlanRequest], list] = ranked_plans
     stopwatch: Callable[[Callable[[], Any], Any], tuple[Any, float]] = stopwatch
     profiler: Callable[..., Any] = _profile

@@ -10,8 +10,11 @@ step 0 (one that fits another model, with ``on_mismatch="replan"``: ``WarmingUp`
 it, from the next step). Through either door a step the model compiles with XLA runs as
 compiled for its first ``XlaStep.steps`` and is timed (``XlaStep``): every plan is judged
 against it, and XLA is on again whenever the default placement is kept or taken back.
-``Profiling``: fit's own steps under TensorFlow's profiler, then the collaborators' profiler and
-planner make the plan. ``InTrial``: the plan is in force (``InForce``, the plan's one home) and
+``Profiling``: fit's own steps under TensorFlow's profiler, then the collaborators' profiler
+profiles the step and the planner plans it: by default in a process of its own
+(``kerasflow.planning_job``), in ``Planning``, while the steps go on on the default placement
+and each step's end asks whether the plans have arrived; with ``background_planning=False``
+(or a planner that process cannot import) inside ``fit``, which waits. ``InTrial``: the plan is in force (``InForce``, the plan's one home) and
 timed beside the default placement (``Trial``); its verdict keeps it (``Planned``), tries the
 runner-up once, or drops it. ``Default``: the planner kept the default placement (nothing was
 applied: no trial, no retrace), or ``Retreat`` took the model back to it. A failure anywhere
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Callable
 
 import tensorflow as tf
@@ -41,15 +45,18 @@ from kerasflow.planner import OpGraph, Plan
 from kerasflow.planner.errors import InvalidPlanError
 from kerasflow.planner.parallel.baselines import DEFAULT_PLACEMENT, best_other_than_the_default, default_placement
 from kerasflow.planner.sim.simulator import step_overhead
+from kerasflow.planning_job import PlanningJob, can_run_apart
 from kerasflow.profiling.links import planning_cluster
 from kerasflow.strategies.collaborators import Collaborators
-from kerasflow.strategies.driver_state import AT_FIT_END, Default, DriverState, InTrial, Planned, Profiling, WarmingUp
+from kerasflow.strategies.driver_state import (AT_FIT_END, Default, DriverState, InTrial, Planned, Planning, Profiling,
+                                               WarmingUp)
 from kerasflow.strategies.guarded import GuardedTrainFunction
 from kerasflow.strategies.in_force import InForce
 from kerasflow.strategies.inputs import RecordedInputs
 from kerasflow.strategies.options import Options
 from kerasflow.strategies.plan_report import PlanReport
-from kerasflow.strategies.planning_in_fit import LoopTime, ProfiledSteps, given_plan_mismatch, placement_only, plan_in_fit
+from kerasflow.strategies.planning_in_fit import (LoopTime, ProfiledSteps, given_plan_mismatch, placement_only,
+                                                  planned_report, planning_request, profile_in_fit)
 from kerasflow.strategies.readback import PlacementCheck, PlacementReport
 from kerasflow.strategies.reporting import Reporter
 from kerasflow.strategies.retreat import Retreat, describe, state_lost
@@ -225,15 +232,12 @@ class Driver:
                     self._apply_given(given)
                 case Profiling(steps) if steps.steps == self.options.profile_steps:
                     stage = "planning"
-                    plan, trial = self._plan(steps)
-                    if plan.algorithm == DEFAULT_PLACEMENT:
-                        self._keep_default(plan)
-                    elif self.xla is not None and not self.xla.beaten_by(plan.predicted_step_time,
-                                                                        step_overhead(self.graph)):
-                        self._keep_for_xla(plan)
-                    else:
-                        stage = "rebuilding the step with the plan"
-                        self._switch(plan, trial, stage)
+                    self._plan(steps)
+                case Planning(job=job):
+                    stage = "planning"
+                    plans = job.poll()
+                    if plans is not None:
+                        self._planned(plans, job.seconds)
                 case InTrial(trial=trial) if trial.done or trial.failure is not None:
                     stage = "switching to the next plan"
                     self._settle()
@@ -257,6 +261,11 @@ class Driver:
                 case Profiling(steps):
                     steps.close()
                     self._go(WarmingUp(since=self.step))
+                case Planning(job=job):
+                    job.cancel()
+                    self.reporter.say("kerasflow: fit ended before the plan arrived; the planner was stopped "
+                                      "(the next fit profiles and plans afresh)")
+                    self._go(WarmingUp(since=self.step))
                 case InTrial():
                     self._settle(final=True)
         except Exception as error:  # noqa: BLE001 - never lose the user's training
@@ -265,15 +274,51 @@ class Driver:
         assert isinstance(self.state, (*AT_FIT_END[type(state)], Default)), f"kerasflow: fit ended in {self.state.name}"
 
     # ------------------------------------------------------------------ planning
-    def _plan(self, profiled: ProfiledSteps) -> tuple[Plan, Trial]:
-        """Stops profiling and plans the step: the plan, and the trial that will time it."""
+    def _plan(self, profiled: ProfiledSteps) -> None:
+        """Stops profiling, profiles the step and plans it: beside training (``Planning``, where
+        the planner can run in a process of its own) or here, ``fit`` waiting."""
+        started = time.perf_counter()
         times = profiled.stop()
-        cluster = planning_cluster(self.options)
-        self.graph, (plan, *others), self.report = plan_in_fit(
-            self.model, self.inputs.tensors(), own_step=self.own_step, cluster=cluster,
+        self.graph = profile_in_fit(
+            self.model, self.inputs.tensors(), own_step=self.own_step,
             kernel_times=times if _compat.steps_per_call(self.model) == 1 else None,  # a "step" may hold several
             options=self.options, collaborators=self.collaborators, reporter=self.reporter,
             loop_seconds=self.loop.seconds(_compat.steps_per_call(self.model)))
+        self.inputs.stop()  # the steps run on meanwhile record no batch
+        cluster = planning_cluster(self.options)
+        self.reporter.say(f"kerasflow: planning for {len(self.options.devices)} devices")
+        planner = self.collaborators.planner
+        if self.options.background_planning and can_run_apart(planner):
+            self.reporter.say("kerasflow: the planner runs beside training; steps go on on the default placement")
+            request = planning_request(self.model, self.graph, cluster, self.options, verbose=0)
+            job = PlanningJob(planner, request, time_limit=self.options.planning_time_limit)
+            self._go(Planning(job, since=self.step, profile_seconds=time.perf_counter() - started))
+            return
+        verbose = 0 if self.reporter.quiet else self.options.verbose
+        plans = planner(planning_request(self.model, self.graph, cluster, self.options, verbose=verbose))
+        self._planned(plans, time.perf_counter() - started)
+
+    def _planned(self, plans: list[Plan], seconds: float) -> None:
+        """The planner's ranked ``plans`` (``seconds`` after it started): the default placement
+        kept, or the best plan put in force and timed."""
+        plan, trial = self._trial_of(plans, seconds)
+        if plan.algorithm == DEFAULT_PLACEMENT:
+            self._keep_default(plan)
+        elif self.xla is not None and not self.xla.beaten_by(plan.predicted_step_time, step_overhead(self.graph)):
+            self._keep_for_xla(plan)
+        else:
+            self._switch(plan, trial, "rebuilding the step with the plan")
+
+    def _trial_of(self, plans: list[Plan], seconds: float) -> tuple[Plan, Trial]:
+        """The best of ``plans`` and the trial that will time it; the report made."""
+        (plan, *others), cluster = plans, planning_cluster(self.options)
+        state = self.state
+        beside = isinstance(state, Planning)
+        self.report = planned_report(
+            self.graph, plan, cluster, self.options, self.reporter,
+            plan_seconds=seconds + (state.profile_seconds if beside else 0.0),
+            wait_seconds=state.profile_seconds if beside else seconds,
+            steps_while_planning=self.step - state.since if beside else 0)
         # Trusted as far as the kinds it runs on were calibrated (a multi-host plan names remote devices).
         kinds = {cluster.device(d).kind for d in plan.devices() if d in cluster.device_names} or set(cluster.kinds())
         xla = self.xla.seconds if self.xla is not None else None
@@ -479,6 +524,8 @@ class Driver:
             return
         if isinstance(state, Profiling):
             state.steps.close()  # does nothing once planning stopped the profiler
+        if isinstance(state, Planning):
+            state.job.cancel()  # does nothing once the job is done
         if trial is None and isinstance(state, InTrial):
             trial = state.trial
         self.placement.armed = False

@@ -3,15 +3,19 @@
 The driver holds exactly one of these; everything else about its phase (whether a plan is in
 force, which plan was chosen last, why training is on the default placement) is read from it::
 
-    WarmingUp --> Profiling --> InTrial --> Planned
-        |  \\___________________^  |  ^ (a runner-up: InTrial again)
-        |             |            |
-        +-------------+------------+--> Default  (kept by the planner, dropped as slower, or a failure; for good)
+    WarmingUp --> Profiling --> Planning --> InTrial --> Planned
+        |             |             |           |           |
+        +-------------+-------------+-----------+-----------+--> Default  (kept by the planner, dropped
+                                                                 as slower, or a failure; for good)
 
-``WarmingUp --> WarmingUp`` is the replan of a given plan that does not fit the model
-(``on_mismatch="replan"``): warm-up starts afresh without it. ``Profiling --> WarmingUp`` is a
-``fit`` that ended while its steps were profiled. The states are named apart from
-``strategies.trial.Trial`` (the timing itself), which ``InTrial`` holds.
+and besides: ``WarmingUp --> InTrial``, a plan given up front; ``Profiling --> InTrial`` (or
+``Default``), planning inside ``fit`` (``background_planning=False``), where ``Planning`` is the
+planner in a process of its own; ``InTrial --> InTrial``, a runner-up. ``WarmingUp -->
+WarmingUp`` is the replan of a given plan that does not fit the model (``on_mismatch="replan"``):
+warm-up starts afresh without it. ``Profiling --> WarmingUp`` and ``Planning --> WarmingUp`` are
+a ``fit`` that ended while its steps were profiled, or while the planner ran beside it. The
+states are named apart from ``strategies.trial.Trial`` (the timing itself), which ``InTrial``
+holds.
 
 ``AT_FIT_END`` says where each state goes when ``fit`` ends in it, normally or by an exception
 (``Driver.fit_ended`` carries it out): nothing kerasflow started outlives the ``fit`` that
@@ -25,11 +29,12 @@ from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:  # the states hold these; the module itself runs on plain data
     from kerasflow.planner import Plan
+    from kerasflow.planning_job import PlanningJob
     from kerasflow.strategies.in_force import InForce
     from kerasflow.strategies.planning_in_fit import ProfiledSteps
     from kerasflow.strategies.trial import Trial
 
-__all__ = ["DriverState", "WarmingUp", "Profiling", "InTrial", "Planned", "Default", "TRANSITIONS", "AT_FIT_END"]
+__all__ = ["DriverState", "WarmingUp", "Profiling", "Planning", "InTrial", "Planned", "Default", "TRANSITIONS", "AT_FIT_END"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +106,22 @@ class Profiling(DriverState):
 
 
 @dataclasses.dataclass(frozen=True)
+class Planning(DriverState):
+    """The planner in a process of its own, steps on the default placement meanwhile.
+
+    Attributes:
+        job: the planning process (``PlanningJob``).
+        since: the step it started after.
+        profile_seconds: what ``fit`` waited for the profile that was planned.
+    """
+
+    name: ClassVar[str] = "planning"
+    job: PlanningJob
+    since: int
+    profile_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
 class _PlanInForce(DriverState):
     """A state in which a plan runs: ``InTrial`` or ``Planned``.
 
@@ -167,7 +188,8 @@ class Default(DriverState):
 
 TRANSITIONS: dict[type, frozenset[type]] = {
     WarmingUp: frozenset({WarmingUp, Profiling, InTrial, Default}),
-    Profiling: frozenset({WarmingUp, InTrial, Default}),
+    Profiling: frozenset({WarmingUp, Planning, InTrial, Default}),
+    Planning: frozenset({WarmingUp, InTrial, Default}),
     InTrial: frozenset({InTrial, Planned, Default}),
     Planned: frozenset({Default}),
     Default: frozenset(),
@@ -176,11 +198,13 @@ TRANSITIONS: dict[type, frozenset[type]] = {
 # Where the driver is after a fit that ended in each state, normally or by an exception, and what
 # that state leaves running: nothing. Warm-up's steps count on in the next fit (the XLA step's
 # timing with them, wrapped once); a profile cut short stops TensorFlow's profiler and is
-# dropped: the next fit warms up and profiles afresh; a trial is judged on the steps it timed
+# dropped: the next fit warms up and profiles afresh (so does a planner still running beside the
+# fit: its process is ended); a trial is judged on the steps it timed
 # (no runner-up is tried): the plan is kept, or the default placement taken back.
 AT_FIT_END: dict[type, frozenset[type]] = {
     WarmingUp: frozenset({WarmingUp}),
     Profiling: frozenset({WarmingUp}),
+    Planning: frozenset({WarmingUp}),
     InTrial: frozenset({Planned, Default}),
     Planned: frozenset({Planned}),
     Default: frozenset({Default}),

@@ -122,6 +122,14 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             each is named in ``report.excluded`` with the reason; a ``plan=`` that adds sums in
             another order is refused). ``"auto"`` follows TensorFlow's switch,
             ``tf.config.experimental.enable_op_determinism()``; ``"on"`` asks for it without.
+        background_planning: True (the default): once the steps are profiled, the planner runs
+            in a Python process of its own while ``fit`` trains on, on the default placement; the
+            plan is applied at the first step after it arrives. If it fails or takes longer than
+            ``planning_time_limit`` (300 s; ``KERASFLOW_PLANNING_TIME_LIMIT``), the default
+            placement stays, with one line saying why; a ``fit`` that ends first stops it (the
+            next ``fit`` profiles afresh). False: ``fit`` waits for the planner (fits too short
+            to train while it plans; a planner collaborator the process cannot import, such as
+            a lambda, always runs inside ``fit``).
         cluster_resolver: several machines: a ``tf.distribute.cluster_resolver.ClusterResolver``
             (default: ``TFConfigClusterResolver`` when ``TF_CONFIG`` is set). The strategy
             connects to the cluster (every other task runs ``python -m kerasflow.worker``),
@@ -169,6 +177,7 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
                  memory_limit: float | None = None, log_dir: str | None = None, verbose: Any = None,
                  on_mismatch: str | None = None,
                  drop_slower_plan: bool | None = None, deterministic: str | None = None,
+                 background_planning: bool | None = None,
                  cluster_resolver: Any = None, inter_host_link: Any = "measure",
                  connect_timeout: float = 30.0, on_lost_task: str = "exit",
                  collaborators: Collaborators | None = None, options: Options | None = None):
@@ -185,7 +194,8 @@ class FastTStrategy(tf.distribute.OneDeviceStrategy):
             door="FastTStrategy", options=options, join=join, devices=devices, cluster=cluster, plan=plan,
             warmup_steps=warmup_steps, profile_steps=profile_steps, split=split, tick_tock=tick_tock,
             replicated=replicated, memory_limit=memory_limit, log_dir=log_dir, verbose=verbose,
-            on_mismatch=on_mismatch, drop_slower_plan=drop_slower_plan, deterministic=deterministic)
+            on_mismatch=on_mismatch, drop_slower_plan=drop_slower_plan, deterministic=deterministic,
+            background_planning=background_planning)
         devices = self._options.devices
         self._collaborators = collaborators or Collaborators()
         if len(devices) == 1:

@@ -64,16 +64,19 @@ def _parse_int(minimum: int):
     return parse
 
 
-def _parse_memory(name: str, raw: Any) -> float | None:
-    if raw is None:
-        return None
-    try:
-        value = math.nan if isinstance(raw, bool) else float(raw)
-    except (TypeError, ValueError, OverflowError):
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise KerasflowError(f"{name} must be a positive number of bytes. Received: {name}={raw!r}")
-    return value
+def _parse_positive(unit: str, *, optional: bool):
+    """A parser of a positive finite number of ``unit`` (None passes through when ``optional``)."""
+    def parse(name: str, raw: Any) -> float | None:
+        if raw is None and optional:
+            return None
+        try:
+            value = math.nan if isinstance(raw, bool) else float(raw)
+        except (TypeError, ValueError, OverflowError):
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            raise KerasflowError(f"{name} must be a positive number of {unit}. Received: {name}={raw!r}")
+        return value
+    return parse
 
 
 def _parse_verbose(name: str, raw: Any) -> Any:
@@ -115,7 +118,7 @@ _PARSERS = {
     "split": _parse_split,
     "tick_tock": _parse_choice(_THREE_WAY),
     "replicated": _parse_choice(_THREE_WAY),
-    "memory_limit": _parse_memory,
+    "memory_limit": _parse_positive("bytes", optional=True),
     "log_dir": _parse_text,
     "verbose": _parse_verbose,
     "on_mismatch": _parse_choice(("error", "replan")),
@@ -123,6 +126,8 @@ _PARSERS = {
     "deterministic": _parse_choice(_THREE_WAY),
     # A split search tries one plan at least; split="off" is how to try none.
     "max_split_evaluations": _parse_int(1),
+    "background_planning": parse_bool,
+    "planning_time_limit": _parse_positive("seconds", optional=False),
 }
 
 
@@ -153,11 +158,16 @@ class Options:
             bit as the default placement may run (``"auto"``: when TensorFlow's op determinism is
             on; ``placement_only`` decides).
         max_split_evaluations: how many split candidates the planner simulates (>= 1).
+        background_planning: whether the planner runs in a process of its own while training
+            goes on on the default placement (True), or inside ``fit``, which waits for it (False).
+        planning_time_limit: seconds the planner may take beside training before it is stopped
+            and the default placement kept.
 
     Environment: ``KERASFLOW_WARMUP_STEPS``, ``KERASFLOW_PROFILE_STEPS``, ``KERASFLOW_SPLIT``,
     ``KERASFLOW_TICK_TOCK``, ``KERASFLOW_REPLICATED``, ``KERASFLOW_MEMORY_LIMIT``,
     ``KERASFLOW_LOG_DIR``, ``KERASFLOW_VERBOSE``, ``KERASFLOW_ON_MISMATCH``,
-    ``KERASFLOW_DROP_SLOWER_PLAN``, ``KERASFLOW_DETERMINISTIC``, ``KERASFLOW_MAX_SPLIT_EVALUATIONS``, read by
+    ``KERASFLOW_DROP_SLOWER_PLAN``, ``KERASFLOW_DETERMINISTIC``, ``KERASFLOW_MAX_SPLIT_EVALUATIONS``,
+    ``KERASFLOW_BACKGROUND_PLANNING``, ``KERASFLOW_PLANNING_TIME_LIMIT``, read by
     ``from_arguments`` for any setting left at None.
 
     Example:
@@ -184,6 +194,9 @@ class Options:
     drop_slower_plan: bool = True
     deterministic: str = "auto"
     max_split_evaluations: int = 16
+    # Training goes on while the planner runs: the user's wait is the profiled steps alone.
+    background_planning: bool = True
+    planning_time_limit: float = 300.0
 
     def __post_init__(self):
         # Checked, never converted: from_arguments parsed each setting once, and a value given

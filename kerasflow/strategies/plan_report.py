@@ -17,8 +17,12 @@ class PlanReport(collections.abc.Mapping):
     earlier versions returned a dict.
 
     Attributes:
-        plan_seconds: profiling and planning inside ``fit``, seconds (the retrace of the step on
-            the plan happens in the next step).
+        plan_seconds: profiling and planning, seconds (the retrace of the step on the plan
+            happens in the next step).
+        wait_seconds: what ``fit`` waited for them, seconds: the profile alone when the planner
+            ran beside training (``background_planning``), else all of ``plan_seconds``.
+        steps_while_planning: the steps trained on the default placement while the planner ran
+            beside them (0 when ``fit`` waited for it).
         algorithm: the plan in force last (or dropped last).
         summary: the line printed when the plan was made.
         predicted_step_time: that plan's simulated step, seconds (``fit``'s step: the training
@@ -54,6 +58,8 @@ class PlanReport(collections.abc.Mapping):
     """
 
     plan_seconds: float | None = None
+    wait_seconds: float | None = None
+    steps_while_planning: int | None = None
     algorithm: str | None = None
     summary: str | None = None
     predicted_step_time: float | None = None

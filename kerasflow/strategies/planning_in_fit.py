@@ -1,4 +1,4 @@
-"""Profiling and planning inside ``fit``: the recorded step as an ``OpGraph``, the ranked plans, the report."""
+"""Profiling and planning inside ``fit``: the recorded step as an ``OpGraph``, the planner's request, the report."""
 
 from __future__ import annotations
 
@@ -22,32 +22,28 @@ from kerasflow.strategies.options import Options
 from kerasflow.strategies.plan_report import PlanReport
 from kerasflow.strategies.reporting import Reporter
 
-__all__ = ["plan_in_fit", "data_parallel_step", "may_split", "may_replicate", "placement_only", "ProfiledSteps",
+__all__ = ["profile_in_fit", "planning_request", "planned_report", "data_parallel_step", "may_split", "may_replicate", "placement_only", "ProfiledSteps",
            "LoopTime", "given_plan_mismatch"]
 
 
-def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Cluster, options: Options,
-                collaborators: Collaborators, reporter: Reporter,
-                loop_seconds: float | None = None) -> tuple[OpGraph, list[Plan], PlanReport]:
-    """Profiles the model's own step at ``batch`` and plans it with the collaborators.
+def profile_in_fit(model, batch, *, own_step: Callable, kernel_times, options: Options,
+                   collaborators: Collaborators, reporter: Reporter, loop_seconds: float | None = None) -> OpGraph:
+    """Profiles the model's own step at ``batch`` with the collaborators' profiler.
 
     Args:
         model: the model, on the default placement.
         batch: a real batch of its data (tensors).
         own_step: the model's own ``train_step`` (traced for the profile).
         kernel_times: the kernel times of ``fit``'s profiled steps, or None.
-        cluster: the cluster to plan for.
         options: the door's options.
         collaborators: the profiler and planner.
-        reporter: where the phases and the plan's line are said.
+        reporter: where the phases are said.
         loop_seconds: the training loop's own seconds per train step (``LoopTime``), recorded in
             the profile (``STEP_OVERHEAD_FIELD``) so that every prediction is of ``fit``'s step.
 
     Returns:
-        ``(graph, [best plan, *runners-up], report)``.
+        The profiled step.
     """
-    started = time.perf_counter()
-    custom = _compat.has_own_train_step(model)
     say = reporter.say
     with _compat.overridden(model, "train_step", own_step):
         # The second profile at one replica's rows: data parallelism over every device is priced
@@ -60,26 +56,47 @@ def plan_in_fit(model, batch, *, own_step: Callable, kernel_times, cluster: Clus
     if loop_seconds is not None:
         graph = OpGraph(graph.ops, graph.edges, batch_size=graph.batch_size, name=graph.name,
                         metadata={**graph.metadata, STEP_OVERHEAD_FIELD: loop_seconds})
-    say(f"kerasflow: planning for {len(options.devices)} devices")
+    return graph
+
+
+def planning_request(model, graph: OpGraph, cluster: Cluster, options: Options, *, verbose: int) -> PlanRequest:
+    """What the planner is asked for ``graph``: the options' planning settings, as far as the model
+    allows them (no split or Tick-Tock for a model with its own ``train_step``, replicas only
+    where ``may_replicate``).
+
+    Example:
+        >>> import keras
+        >>> from kerasflow.planner.ir.synthetic import chain_mlp
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        >>> options = Options(devices=("/CPU:0", "/CPU:1"), split="off")
+        >>> request = planning_request(model, chain_mlp(layers=2), Cluster.preset("cpu-testbed:2"), options, verbose=0)
+        >>> request.split, request.memory_limit
+        (False, None)
+    """
+    custom = _compat.has_own_train_step(model)
     replicated = may_replicate(options, model, graph)
-    plans = collaborators.planner(PlanRequest(
+    return PlanRequest(
         graph, cluster, split=may_split(options, cluster, own_train_step=custom),
         tick_tock="off" if custom else options.tick_tock,
         memory_limit=options.memory_limit, max_split_evaluations=options.max_split_evaluations,
         replicated=replicated, replica_statistics=replicated and options.replicated == "on",  # the user allows it
-        placement_only=placement_only(options),
-        verbose=0 if reporter.quiet else options.verbose))
-    best = plans[0]
-    seconds = time.perf_counter() - started
-    line = reporter.planned(best, seconds, len(options.devices), parallel=data_parallel_step(best, graph, cluster))
-    report = PlanReport(plan_seconds=seconds, algorithm=best.algorithm, summary=line,
+        placement_only=placement_only(options), verbose=verbose)
+
+
+def planned_report(graph: OpGraph, best: Plan, cluster: Cluster, options: Options, reporter: Reporter, *,
+                   plan_seconds: float, wait_seconds: float, steps_while_planning: int) -> PlanReport:
+    """Says the plan's line, writes the log files (``options.log_dir``) and returns the report of
+    planning ``graph`` into ``best`` (the timings as ``PlanReport`` documents them)."""
+    line = reporter.planned(best, plan_seconds, len(options.devices), parallel=data_parallel_step(best, graph, cluster))
+    report = PlanReport(plan_seconds=plan_seconds, wait_seconds=wait_seconds, steps_while_planning=steps_while_planning,
+                        algorithm=best.algorithm, summary=line,
                         predicted_step_time=best.predicted_step_time, candidates=dict(best.candidates),
                         excluded=dict(best.excluded) or None,
                         predicted_default_step_time=best.candidates.get(DEFAULT_PLACEMENT),
                         tie_margin=tie_margin_for(graph))
     if options.log_dir:
         reporter.write_logs(options.log_dir, best, graph, cluster)
-    return graph, list(plans), report
+    return report
 
 
 def data_parallel_step(plan: Plan, graph: OpGraph, cluster: Cluster) -> float | None:

@@ -8,6 +8,10 @@ on a V100) 1 MB over the host's link (100 us + 1 MB / 1 GB/s = 1.1 ms):
     GPU:0                                |=== dense 3 ms ===|     6.1 ms
 
 Without a host (a CPU cluster, whose devices are hosts' CPUs) the lookup runs where it is placed.
+
+The batch is the host's too: the input pipeline hands it to the step on the host's CPU, and each
+device that reads it receives its rows over the host's link at the start of the step (tests
+``test_the_batch_*``, worked out below them).
 """
 
 import pytest
@@ -67,7 +71,7 @@ def test_the_plan_says_where_it_runs_and_the_planner_keeps_it_there():
 
 def test_only_host_only_ops_may_be_placed_on_the_host():
     g = graph()
-    with pytest.raises(InvalidPlanError, match="'dense' is placed on the host '/CPU:0', which runs only"):
+    with pytest.raises(InvalidPlanError, match="'dense' is placed on the host '/CPU:0', which holds only the batch"):
         simulate(g, cluster(), Plan(placement={"lookup": "/CPU:0", "dense": "/CPU:0"}))
 
 
@@ -95,3 +99,31 @@ def test_a_host_is_a_device_apart_from_the_clusters_devices():
         Cluster(gpus, host=gpus[0])
     with pytest.raises(InvalidClusterError, match="Each device needs 'name', 'kind' and 'memory'"):
         Cluster.from_dict({**cluster().to_dict(), "host": {"name": "/CPU:0"}})
+
+
+def batch_graph() -> OpGraph:
+    # 32 rows of 31,250 bytes (1 MB) into a dense op of 0.1 ms a row (3.2 ms for the batch).
+    x = Op("x", "Placeholder", cost={"V100": 0.0}, output_bytes=[(0, 31250)], batch_axis=0)
+    dense = Op("dense", "MatMul", layer="dense", cost={"V100": (0.0, 1e-4)}, batch_axis=0)
+    return OpGraph([x, dense], [("x", "dense", 0)], batch_size=32)
+
+
+def test_the_batch_crosses_the_host_link_before_the_first_op_that_reads_it():
+    # host |x|; link 0-1.1 ms (100 us + 1 MB at 1 GB/s); GPU:0 dense 1.1-4.3 ms.
+    g = batch_graph()
+    result = simulate(g, cluster(), on_gpu0(g))
+    assert result.times()["dense"] == pytest.approx((1.1e-3, 4.3e-3))
+    assert [(t.task, t.src, t.dst, t.bytes) for t in result.transfers] == [("x", "/CPU:0", "/GPU:0", 1e6)]
+    assert with_prediction(on_gpu0(g), g, cluster()).placement == {"x": "/CPU:0", "dense": "/GPU:0"}
+    # Without a host the batch is taken to be where its reader runs: nothing crosses.
+    assert simulate(g, cluster(host=False), on_gpu0(g)).makespan == pytest.approx(3.2e-3)
+
+
+def test_the_batch_sends_each_replica_its_rows_from_the_host():
+    # Two replicas of 16 rows: each receives its 0.5 MB over its own host link (100 us + 0.5 ms,
+    # 0-0.6 ms, the two at once), then runs dense on them (1.6 ms): 2.2 ms.
+    g = batch_graph()
+    result = simulate(g, cluster(), data_parallel(g, cluster()))
+    assert result.makespan == pytest.approx(0.6e-3 + 1.6e-3)
+    assert result.link_bytes[("/CPU:0", "/GPU:0")] == pytest.approx(0.5e6)
+    assert [(t.src, t.dst) for t in result.transfers] == [("/CPU:0", "/GPU:0")]  # replica 1 mirrors replica 0

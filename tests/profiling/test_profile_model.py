@@ -363,10 +363,12 @@ def test_estimates_for_gpus_from_a_cpu_profile(mlp_graph):
 
 def test_a_string_lookup_is_profiled_host_only_and_planned_onto_a_gpu_clusters_host():
     # A model that looks its string inputs up (StringLookup), profiled on a CPU and planned for
-    # two K80s: the lookup has no GPU kernel, so the plan puts it on the host's CPU, every other
-    # op on a GPU, and the simulated step sends its ids from the host to the GPU that reads them.
+    # two K80s: the lookup has no GPU kernel, so the plan puts it on the host's CPU, beside the
+    # batch (strings and labels), every other op on a GPU, and the simulated step sends its ids
+    # from the host to the GPU that reads them.
     from kerasflow.planner import Cluster, plan, simulate
     from kerasflow.planner.ir.costmodel import estimate_costs
+    from kerasflow.planner.ir.graphtables import batch_inputs
     from kerasflow.planner.sim.tasknames import parse_copy_name
 
     words = [f"w{i}" for i in range(50)]
@@ -387,7 +389,10 @@ def test_a_string_lookup_is_profiled_host_only_and_planned_onto_a_gpu_clusters_h
     for name, device, role in zip(result.task_names, result.task_device, result.task_role):
         if role == "op":
             ran_on.setdefault(parse_copy_name(name)[0], set()).add(device)
-    assert all(ran_on[op.name] == {"/CPU:0"} for op in host_only), best.algorithm
-    assert all(device.startswith("/GPU:") for op in graph.ops if not op.host_only for device in ran_on[op.name])
+    inputs = [graph.ops[i] for i in batch_inputs(graph)]
+    assert sorted(op.output_bytes[0].per_sample for op in inputs) == [8.0, 8 * 8.0]  # labels, strings (pointers)
+    assert all(ran_on[op.name] == {"/CPU:0"} for op in host_only + inputs), best.algorithm
+    assert all(device.startswith("/GPU:") for op in graph.ops if not op.host_only and op not in inputs
+               for device in ran_on[op.name])
     ids_bytes = host_only[0].output_bytes[0].at(32)
     assert sum(b for (src, _), b in result.link_bytes.items() if src == "/CPU:0") >= ids_bytes > 0

@@ -7,7 +7,8 @@ import itertools
 import pytest
 
 from kerasflow.planner import Plan
-from kerasflow.strategies.driver_state import AT_FIT_END, TRANSITIONS, Default, InTrial, Planned, Profiling, WarmingUp
+from kerasflow.strategies.driver_state import (AT_FIT_END, TRANSITIONS, Default, InTrial, Planned, Planning, Profiling,
+                                               WarmingUp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,13 +23,15 @@ KEPT = Plan(algorithm="default_placement")
 ONE_OF_EACH = {
     WarmingUp: WarmingUp(),
     Profiling: Profiling(steps="profiled steps"),
+    Planning: Planning(job="planning job", since=5, profile_seconds=1.0),
     InTrial: InTrial(Parts(HEFT), trial="trial"),
     Planned: Planned(Parts(HEFT)),
     Default: Default("dropped", dropped=HEFT),
 }
 ALLOWED = {
     (WarmingUp, WarmingUp), (WarmingUp, Profiling), (WarmingUp, InTrial), (WarmingUp, Default),
-    (Profiling, WarmingUp), (Profiling, InTrial), (Profiling, Default),
+    (Profiling, WarmingUp), (Profiling, Planning), (Profiling, InTrial), (Profiling, Default),
+    (Planning, WarmingUp), (Planning, InTrial), (Planning, Default),
     (InTrial, InTrial), (InTrial, Planned), (InTrial, Default),
     (Planned, Default),
 }
@@ -49,7 +52,7 @@ def test_only_the_written_transitions_are_taken(before, after):
 def test_default_is_for_good_and_the_trial_leads_everywhere_but_back():
     assert TRANSITIONS[Default] == frozenset()
     assert all(Default in allowed for kind, allowed in TRANSITIONS.items() if kind is not Default)
-    assert not any(WarmingUp in TRANSITIONS[kind] or Profiling in TRANSITIONS[kind]
+    assert not any(WarmingUp in TRANSITIONS[kind] or Profiling in TRANSITIONS[kind] or Planning in TRANSITIONS[kind]
                    for kind in (InTrial, Planned, Default))
 
 
@@ -57,8 +60,8 @@ def test_every_state_has_its_way_out_at_the_end_of_fit_and_it_is_a_transition():
     assert set(AT_FIT_END) == set(ONE_OF_EACH)
     for kind, ends in AT_FIT_END.items():
         assert ends and all(end is kind or end in TRANSITIONS[kind] for end in ends), kind
-    # A profile and a trial never outlive their fit; warm-up counts on, a settled state stays.
-    assert AT_FIT_END[Profiling] == {WarmingUp} and AT_FIT_END[InTrial] == {Planned, Default}
+    # A profile, a planner and a trial never outlive their fit; warm-up counts on, a settled state stays.
+    assert AT_FIT_END[Profiling] == AT_FIT_END[Planning] == {WarmingUp} and AT_FIT_END[InTrial] == {Planned, Default}
     assert all(AT_FIT_END[kind] == {kind} for kind in (WarmingUp, Planned, Default))
 
 
@@ -68,7 +71,7 @@ def test_a_plan_is_in_force_only_in_the_trial_and_once_settled():
 
 def test_the_plan_chosen_last_is_read_from_the_state():
     assert WarmingUp(given=CPOP).plan is None  # a given plan is not chosen before it was checked
-    assert Profiling("profiled steps").plan is None
+    assert Profiling("profiled steps").plan is None and Planning("planning job", 5, 1.0).plan is None
     assert InTrial(Parts(CPOP), "trial").plan is CPOP and Planned(Parts(CPOP)).plan is CPOP
     assert Default("kept", kept=KEPT).plan is KEPT
     assert Default("dropped", dropped=HEFT).plan is HEFT
@@ -80,7 +83,7 @@ def test_states_are_frozen_values():
     with pytest.raises(dataclasses.FrozenInstanceError):
         state.since = 0  # the driver moves to a new state instead
     assert state == WarmingUp(given=HEFT, since=3) != WarmingUp(since=3)
-    assert [ONE_OF_EACH[kind].name for kind in ONE_OF_EACH] == ["warming_up", "profiling", "trial", "planned",
+    assert [ONE_OF_EACH[kind].name for kind in ONE_OF_EACH] == ["warming_up", "profiling", "planning", "trial", "planned",
                                                                  "default"]
 
 

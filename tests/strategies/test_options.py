@@ -169,6 +169,16 @@ def test_memory_limit_refuses_infinite_nan_zero_negative_and_non_numbers(raw, sh
     refused(f"memory_limit must be a positive number of bytes. Received: memory_limit={shown}", memory_limit=raw)
 
 
+def test_the_planners_time_limit_is_a_positive_number_of_seconds_from_its_variable(monkeypatch):
+    assert Options.from_arguments(devices=DEVICES).planning_time_limit == 300.0
+    monkeypatch.setenv("KERASFLOW_PLANNING_TIME_LIMIT", "2.5")
+    assert Options.from_arguments(devices=DEVICES).planning_time_limit == 2.5
+    monkeypatch.setenv("KERASFLOW_PLANNING_TIME_LIMIT", "0")
+    with pytest.raises(KerasflowError, match=r"^KERASFLOW_PLANNING_TIME_LIMIT must be a positive number of seconds\. "
+                                             r"Received: KERASFLOW_PLANNING_TIME_LIMIT='0'$"):
+        Options.from_arguments(devices=DEVICES)
+
+
 @pytest.mark.parametrize("raw, value", [("auto", "auto"), ("AUTO", "auto"), (None, "auto"), (0, 0), (1, 1), (2, 2),
                                         ("0", 0), ("1", 1), ("2", 2)])
 def test_verbose_takes_auto_0_1_or_2(raw, value):
@@ -217,7 +227,7 @@ def test_the_constructor_checks_as_from_arguments_does():
 @pytest.mark.parametrize("name, raw, parsed", [
     ("split", True, "on"), ("tick_tock", " ON ", "on"), ("warmup_steps", "3", 3), ("memory_limit", "1e9", 1e9),
     ("log_dir", pathlib.Path("/tmp/kf"), "/tmp/kf"), ("drop_slower_plan", 1, True), ("verbose", True, 1),
-    ("max_split_evaluations", "8", 8),
+    ("max_split_evaluations", "8", 8), ("background_planning", "no", False), ("planning_time_limit", "60", 60.0),
 ])
 def test_the_constructor_converts_nothing(name, raw, parsed):
     # Settings are parsed once, by from_arguments; the constructor takes them parsed, and says

@@ -10,7 +10,10 @@ What is compared is every data transfer except two kinds, each left out on both 
   partitions the step, so which of those cross differs in name and number from the traced
   step both sides start from;
 - the batch itself: it comes from the input pipeline on the host's CPU, which the plan does
-  not place (the simulator takes the batch to be where its first consumer runs).
+  not place (the simulator takes the batch to be where its first consumer runs), but for
+  ``test_the_batch_crosses_from_the_host_as_simulated``: devices apart from the host's CPU, a
+  cluster with that CPU as its host (``Cluster.host``, as every GPU cluster has), and the batch's
+  transfers compared.
 
 Control edges carry no bytes and are not data transfers. A data-parallel plan's replicas each
 receive their rows of the batch, cut where the batch is; its all-reduces are TensorFlow
@@ -29,7 +32,7 @@ import pytest
 import tensorflow as tf
 
 import kerasflow
-from kerasflow.planner import Shard, baselines, cpop, heft, one_copy_data_parallel, simulate
+from kerasflow.planner import Cluster, Shard, baselines, cpop, heft, one_copy_data_parallel, simulate
 from kerasflow.planner.parallel import ticktock
 from kerasflow.planner.ir.graphtables import LOSS_GROUP, gradient_sums
 from kerasflow.planner.ir.plan import Plan
@@ -500,3 +503,44 @@ def test_a_split_residual_block_trains_like_plain_keras():
                                                   ("stem", "branch", "residual", "head", LOSS_GROUP))
     assert strategy.plan_in_force and LOSS_GROUP in strategy.plan.splits and strategy.placement_report() == []
     assert_the_same_outputs(planned, residual_model, dataset)
+
+
+@pytest.fixture(scope="module")
+def beside_the_host():
+    """The MLP trained on two devices apart from the host's CPU, where the input pipeline hands
+    over the batch, and that cluster with the host's CPU as its host (as a GPU cluster has)."""
+    keras.utils.set_random_seed(0)
+    strategy = kerasflow.FastTStrategy(devices=["/CPU:1", "/CPU:2"], verbose=0)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu", name="d1"),
+                                  keras.layers.Dense(10, name="d3")])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(dataset(), epochs=1, verbose=0)
+    hosted = Cluster.from_dict({**strategy.cluster.to_dict(), "host": {"name": "/CPU:0", "kind": "CPU",
+                                                                       "memory": 2**30}})
+    return strategy, model, strategy.profile, hosted
+
+
+@pytest.mark.parametrize("kind", ["single device", "data parallel"])
+def test_the_batch_crosses_from_the_host_as_simulated(beside_the_host, kind):
+    strategy, model, graph, hosted = beside_the_host
+    plan = (baselines.single_device(graph, strategy.cluster, "/CPU:2", batch=BATCH) if kind == "single device"
+            else baselines.data_parallel(graph, strategy.cluster, batch=BATCH))
+    strategy.use_plan(plan)
+    model.fit(dataset(), epochs=1, verbose=0)
+    report = strategy.placement_report()
+    assert report.in_force and list(report) == [], report.summary()
+    from_host = [t for t in report.transfers if t.src == "/CPU:0" and (t.bytes is None or t.bytes > SCALAR_BYTES)]
+    result = simulate(graph, hosted, plan, batch=BATCH)
+    simulated = [t for t in result.transfers if t.src == "/CPU:0"]
+    if kind == "single device":
+        # The whole batch, features and labels, to the one device (the iterator's output, whose
+        # bytes the report does not know).
+        assert sorted((t.tensor, t.dst) for t in from_host) == [("IteratorGetNext:0", "/CPU:2"),
+                                                                ("IteratorGetNext:1", "/CPU:2")]
+        assert sorted((t.dst, t.bytes) for t in simulated) == [("/CPU:2", BATCH * 8.0), ("/CPU:2", BATCH * 64 * 4.0)]
+    else:
+        # Each replica its rows, and only them: half the features and half the labels each.
+        assert per_pair((t.src, t.dst, t.bytes) for t in from_host) == per_pair(
+            (t.src, t.dst, t.bytes) for t in simulated) == {
+            ("/CPU:0", "/CPU:1"): (2, BATCH / 2 * (64 * 4 + 8)), ("/CPU:0", "/CPU:2"): (2, BATCH / 2 * (64 * 4 + 8))}

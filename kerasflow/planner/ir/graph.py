@@ -260,6 +260,9 @@ class _FrozenDict(dict):
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore
 
+    def __reduce__(self):  # pickled as a plain dict, made frozen again (a plan or graph sent to a process)
+        return type(self), (dict(self),)
+
 
 class Edge(NamedTuple):
     """A tensor (or a control dependency) from one op to another.
@@ -396,6 +399,11 @@ class OpGraph:
                 f"The graph has a cycle through {len(cycle.stuck)} op(s), e.g. {names}; "
                 "a training step must be a DAG. Remove the back edge."
             ) from None
+
+    def __reduce__(self):
+        # Pickled as what it was built from (a graph sent to the planning process): the caches
+        # of its structure, which can outweigh the graph, are rebuilt where they are needed.
+        return _graph_from_parts, (self._ops, self._edges, self._batch_size, self._name, self._metadata)
 
     # ------------------------------------------------------------------ accessors
     @property
@@ -616,3 +624,6 @@ def _as_edge(raw: Any) -> Edge:
         f"(null for control); received {raw!r}."
     )
 
+
+def _graph_from_parts(ops, edges, batch_size, name, metadata) -> OpGraph:
+    return OpGraph(ops, edges, batch_size=batch_size, name=name, metadata=metadata)

@@ -17,7 +17,7 @@ __all__ = ["BATCH_PHASES", "WEIGHT_READING_LOOPS", "STATISTICS_LAYERS", "BatchSt
            "batch_statistics", "shardable_ops", "folded_ops", "variable_groups", "weight_bound_layers",
            "colocation_groups", "static_tables", "durations", "LOSS_GROUP", "split_groups", "is_loss_op", "group_ops",
            "gradient_sums", "gradient_sum_readers", "layer_readers", "FUSED_GROUP", "fused_ops", "REFUSED_BATCHES",
-           "refused_batch_sizes", "TEMPORARY_MEMORY", "temporary_bytes", "host_ops"]
+           "refused_batch_sizes", "TEMPORARY_MEMORY", "temporary_bytes", "host_ops", "batch_inputs", "host_held_ops"]
 
 BATCH_PHASES = ("forward", "backward")
 
@@ -426,6 +426,42 @@ def host_ops(graph: OpGraph) -> frozenset[int]:
     cached = graph._structure.cache.get("host_ops")
     if cached is None:
         cached = graph._structure.cache["host_ops"] = frozenset(i for i, op in enumerate(graph.ops) if op.host_only)
+    return cached
+
+
+def batch_inputs(graph: OpGraph) -> frozenset[int]:
+    """The indices of the step's batch inputs: placeholders whose outputs grow with the batch
+    (the rows the input pipeline hands the step), as opposed to a variable's handle.
+
+    Example:
+        >>> from kerasflow.planner import Op, OpGraph
+        >>> batch_inputs(OpGraph([Op("x", "Placeholder", output_bytes=[(0, 256)]),
+        ...                       Op("handle", "Placeholder", output_bytes=[8])], []))
+        frozenset({0})
+    """
+    cached = graph._structure.cache.get("batch_inputs")
+    if cached is None:
+        cached = graph._structure.cache["batch_inputs"] = frozenset(
+            i for i, op in enumerate(graph.ops)
+            if op.type == "Placeholder" and any(b.scales_with_batch for b in op.output_bytes))
+    return cached
+
+
+def host_held_ops(graph: OpGraph) -> frozenset[int]:
+    """The indices of the ops a cluster's host (``Cluster.host``) holds: those only it can run
+    (``host_ops``) and the batch inputs (``batch_inputs``), which the input pipeline hands the
+    step on the host's CPU.
+
+    Example:
+        >>> from kerasflow.planner import Op, OpGraph
+        >>> from kerasflow.planner.ir.graph import HOST_GROUP
+        >>> sorted(host_held_ops(OpGraph([Op("x", "Placeholder", output_bytes=[(0, 256)]), Op("dense/MatMul"),
+        ...                               Op("lookup/Find", colocation=HOST_GROUP + "/lookup")], [])))
+        [0, 2]
+    """
+    cached = graph._structure.cache.get("host_held")
+    if cached is None:
+        cached = graph._structure.cache["host_held"] = host_ops(graph) | batch_inputs(graph)
     return cached
 
 

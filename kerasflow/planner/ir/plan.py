@@ -36,6 +36,9 @@ class _Frozen(dict):
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore
 
+    def __reduce__(self):  # pickled as a plain dict, made frozen again (a plan or graph sent to a process)
+        return type(self), (dict(self),)
+
 
 @dataclasses.dataclass(frozen=True)
 class Shard:

@@ -1,10 +1,13 @@
-"""``on_host``: a plan with the ops only a host can run on its cluster's host, where TensorFlow runs them.
+"""``on_host``: a plan with what a cluster's host holds on that host, where TensorFlow runs it.
 
 A string op or a lookup table's op has no GPU kernel: placed on a GPU, TensorFlow's soft
-placement runs it on the CPU of that GPU's machine, and its output crosses to the GPU. A plan
-made for a cluster of accelerators (``Cluster.host`` set) says so itself: those ops are placed on
-the host, out of every device's order (the host runs them as they become ready), and the
-simulator runs them there, their transfers over ``Cluster.host_link`` priced as any other.
+placement runs it on the CPU of that GPU's machine, and its output crosses to the GPU. The
+step's batch is there too: the input pipeline hands it to the step on the host's CPU, and each
+device that reads it receives its rows over the host's link, at the start of the step (kerasflow
+does not copy the next step's rows ahead: docs/strategy.md). A plan made for a cluster of
+accelerators (``Cluster.host`` set) says so itself: those ops (``graphtables.host_held_ops``) are
+placed on the host, out of every device's order (the host runs them as they become ready), and
+the simulator runs them there, their transfers over ``Cluster.host_link`` priced as any other.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import dataclasses
 
 from ..ir.cluster import Cluster
 from ..ir.graph import Op, OpGraph
-from ..ir.graphtables import host_ops
+from ..ir.graphtables import host_held_ops
 from ..ir.plan import Plan
 from .tasknames import parse_copy_name
 
@@ -21,20 +24,22 @@ __all__ = ["on_host", "host_seconds"]
 
 
 def on_host(plan: Plan, graph: OpGraph, cluster: Cluster) -> Plan:
-    """``plan`` with ``graph``'s host-only ops on ``cluster.host`` (``plan`` itself where nothing
-    moves: no host, no such op, or each already there).
+    """``plan`` with the ops ``cluster.host`` holds (``host_held_ops``: host-only ops, batch inputs)
+    placed there (``plan`` itself where nothing moves: no host, no such op, or each already there).
 
     Example:
         >>> from kerasflow.planner import Op, OpGraph
         >>> from kerasflow.planner.ir.graph import HOST_GROUP
-        >>> graph = OpGraph([Op("lookup", colocation=HOST_GROUP + "/lookup", output_bytes=[(0, 64)]), Op("dense")],
-        ...                 [("lookup", "dense", 0)])
-        >>> plan = Plan(placement={"lookup": "/GPU:1", "dense": "/GPU:1"}, order={"/GPU:1": ["lookup", "dense"]})
+        >>> graph = OpGraph([Op("x", "Placeholder", output_bytes=[(0, 64)]),
+        ...                  Op("lookup", colocation=HOST_GROUP + "/lookup", output_bytes=[(0, 64)]), Op("dense")],
+        ...                 [("x", "lookup", 0), ("lookup", "dense", 0)])
+        >>> plan = Plan(placement={"x": "/GPU:1", "lookup": "/GPU:1", "dense": "/GPU:1"},
+        ...             order={"/GPU:1": ["x", "lookup", "dense"]})
         >>> pinned = on_host(plan, graph, Cluster.preset("2xK80-pcie"))
-        >>> pinned.placement["lookup"], pinned.order
-        ('/CPU:0', {'/GPU:1': ('dense',)})
+        >>> pinned.placement["x"], pinned.placement["lookup"], pinned.order
+        ('/CPU:0', '/CPU:0', {'/GPU:1': ('dense',)})
     """
-    indices = host_ops(graph) if cluster.host is not None else ()
+    indices = host_held_ops(graph) if cluster.host is not None else ()
     if not indices:
         return plan
     host, names = cluster.host.name, {graph.ops[i].name for i in indices}

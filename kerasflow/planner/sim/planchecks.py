@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..errors import InvalidPlanError
 from ..ir.cluster import Cluster
 from ..ir.graph import OpGraph
-from ..ir.graphtables import (batch_ops, colocation_groups, gradient_sums, group_ops, host_ops, layer_readers,
+from ..ir.graphtables import (batch_ops, colocation_groups, gradient_sums, group_ops, host_held_ops, layer_readers,
                               shardable_ops, split_groups)
 from ..ir.plan import Plan
 from ..ir.toposort import topological_order
@@ -116,11 +116,13 @@ def _placement(graph: OpGraph, cluster: Cluster, plan: Plan, is_batch: list[bool
         place = [positions[placement[op.name]] for op in ops]
     except KeyError:
         place = [_placed(cluster, plan, op.name) for op in ops]
-    if cluster.host is not None and place.count(len(cluster)) > len(host_ops(graph)):
-        stray = next(op.name for i, op in enumerate(ops) if place[i] == len(cluster) and not op.host_only)
+    held = host_held_ops(graph)
+    if cluster.host is not None and place.count(len(cluster)) > len(held):
+        stray = next(op.name for i, op in enumerate(ops) if place[i] == len(cluster) and i not in held)
         raise InvalidPlanError(
-            f"op {stray!r} is placed on the host {cluster.host.name!r}, which runs only the ops no device can "
-            f"(string ops, lookup tables). Place it on one of the devices {cluster.device_names}.")
+            f"op {stray!r} is placed on the host {cluster.host.name!r}, which holds only the batch and runs only "
+            f"the ops no device can (string ops, lookup tables). Place it on one of the devices "
+            f"{cluster.device_names}.")
     if len(placement) != len(ops):
         unknown = [name for name in placement if name not in graph]
         raise InvalidPlanError(

@@ -16,7 +16,8 @@ from typing import Sequence
 from .._gc import collector_paused
 from ..ir.cluster import Cluster
 from ..ir.graph import Affine, OpGraph
-from ..ir.graphtables import batch_statistics, durations, folded_ops, host_ops, split_groups, static_tables
+from ..ir.graphtables import (batch_inputs, batch_statistics, durations, folded_ops, host_held_ops, host_ops,
+                              split_groups, static_tables)
 from ..ir.plan import Plan
 from .hostops import host_seconds, on_host
 from .planchecks import attach_orders, resolve_plan
@@ -246,8 +247,9 @@ def _op_copy_seconds(graph: OpGraph, cluster: Cluster, plan: Plan, batch: float 
 
 class _Builder:
     def __init__(self, graph: OpGraph, cluster: Cluster, plan: Plan, batch, *, hosted: bool = True):
-        # The plan as it runs: the host-only ops on the host, which joins the devices (hostops).
-        self.planned_for = cluster if hosted and host_ops(graph) else cluster.unhosted
+        # The plan as it runs: the batch and the host-only ops on the host, which joins the
+        # devices (hostops).
+        self.planned_for = cluster if hosted and host_held_ops(graph) else cluster.unhosted
         self.graph, self.cluster, self.plan = graph, self.planned_for.hosted, on_host(plan, graph, self.planned_for)
         self.batch = float(batch or plan.batch_size or graph.batch_size)
         self.devices = self.cluster.devices
@@ -268,8 +270,9 @@ class _Builder:
         self.replicas = self.replica_devices if self.dp else [None]
         self.replica_batch = self.batch / len(self.replicas)
         # Where a data-parallel step's batch is held and cut: each replica's rows are sent from
-        # there (``op_copies``). The first replica's device: on logical CPUs the host's CPU is.
-        self.batch_holder = self.replicas[0]
+        # there (``op_copies``). The host, where the cluster has one; else the first replica's
+        # device: on logical CPUs the host's CPU is.
+        self.batch_holder = self.host if self.host is not None else self.replicas[0]
 
     def build(self) -> TaskGraph:
         self.resolve()
@@ -290,14 +293,14 @@ class _Builder:
         What ``_build_general`` builds and the bounds (``busiest_device_seconds``,
         ``longest_chain_seconds``) read."""
         dp, groups, ops = self.dp, split_groups(self.graph), self.graph.ops
-        updates = batch_statistics(self.graph).updates
+        updates, inputs = batch_statistics(self.graph).updates, batch_inputs(self.graph)
         for r, replica_device in enumerate(self.replicas):
             replica = r if dp else -1
             for i in self.graph._structure.topo:
                 home = replica_device if dp else self.place[i]
                 if dp and self.host is not None and ops[i].host_only:
                     home = self.host  # each replica's share of them, on the host
-                if dp and ops[i].type == "Placeholder" and any(b.scales_with_batch for b in ops[i].output_bytes):
+                if dp and i in inputs:
                     home = self.batch_holder  # the replica's rows of the batch, sent from there
                 if not self.is_batch[i]:
                     yield replica, i, home, self.replica_batch, -1, -1
@@ -345,7 +348,7 @@ class _Builder:
             tg.duration = [rows[r][i] if r != self.host else 0.0 for i, r in enumerate(place)]
         if self.host is not None:
             tg.duration = list(tg.duration)  # the graph's shared table stays as it is
-            for i in host_ops(graph):
+            for i in host_held_ops(graph):
                 tg.duration[i] = self._duration(graph.ops[i], self.host, batch)
 
     def _edge(self, p: int, k: int, nbytes: float, c: int, wave: int = -1) -> None:
@@ -384,16 +387,19 @@ class _Builder:
             tg.ring_devices = names
             classes = {(self.devices[d].kind, self.devices[d].speed, self.devices[d].memory_bandwidth,
                         self.devices[d].launch_overhead) for d in replicas}
-            if len(classes) == 1 and len(replicas) > 1 and not self.cluster.shares_compute(names) and self.host is None:
+            host_work = self.host is not None and host_ops(graph)
+            if len(classes) == 1 and len(replicas) > 1 and not self.cluster.shares_compute(names) and not host_work:
                 # Identical replicas run identical timelines: simulate the first one and
                 # mirror its figures onto the others (the ring still counts them all). Not
-                # where they share compute, nor a host: there each replica slows the others.
+                # where they share compute, nor where the host computes for them: there each
+                # replica slows the others (the host's link is each device's own).
                 tg.mirrors = replicas[1:]
                 tg.replica_home = replicas[0]
                 self.replicas = replicas[:1]
-                # The replica simulated stands for every replica: like all but the one holding
-                # the batch, it receives its rows (from a mirror's device, over an identical link).
-                self.batch_holder = replicas[1]
+                if self.host is None:
+                    # The replica simulated stands for every replica: like all but the one holding
+                    # the batch, it receives its rows (from a mirror's device, over an identical link).
+                    self.batch_holder = replicas[1]
         replicas = self.replicas
         # Per replica: task of each non-batch op, and per batch op per wave a list of
         # (task, batch) per shard.
@@ -554,8 +560,12 @@ class _Builder:
             tg = self.tg
             device = tg.resource[src] if device is None else device
             sizes = tuple(out.at(db) for _, db in targets)
-            splitter = tg.add(auxiliary_name(tg.names[src], k, "split"), -1, "split", device,
-                              self._copy_seconds(device, src_bytes, sum(sizes)), sizes, 0.0, 0.0,
+            # The batch cut on the host into rows copies nothing: TensorFlow's slice along the
+            # first axis shares its input's buffer (strided_slice_op.cc, "slice is memory
+            # contiguous"), and each part crosses the host's link from there.
+            aliased = device == self.host and tg.base[src] in batch_inputs(self.graph)
+            seconds = 0.0 if aliased else self._copy_seconds(device, src_bytes, sum(sizes))
+            splitter = tg.add(auxiliary_name(tg.names[src], k, "split"), -1, "split", device, seconds, sizes, 0.0, 0.0,
                               tg.priority[src], wave=tg.wave[targets[0][0]], replica=tg.replica[src],
                               size=src_bytes + sum(sizes))
             self.splitters[key] = splitter
