@@ -16,8 +16,8 @@ device that reads it receives its rows over the host's link at the start of the 
 
 import pytest
 
-from kerasflow.planner import (Cluster, Device, InvalidClusterError, InvalidPlanError, Link, Op, OpGraph, Plan, plan,
-                               simulate)
+from kerasflow.planner import (Cluster, Device, InvalidClusterError, InvalidPlanError, Link, Op, OpGraph, Plan, Shard,
+                               plan, simulate)
 from kerasflow.planner.ir.graph import HOST_GROUP
 from kerasflow.planner.parallel.baselines import data_parallel
 from kerasflow.planner.sim.predict import with_prediction
@@ -127,3 +127,13 @@ def test_the_batch_sends_each_replica_its_rows_from_the_host():
     assert result.makespan == pytest.approx(0.6e-3 + 1.6e-3)
     assert result.link_bytes[("/CPU:0", "/GPU:0")] == pytest.approx(0.5e6)
     assert [(t.src, t.dst) for t in result.transfers] == [("/CPU:0", "/GPU:0")]  # replica 1 mirrors replica 0
+
+
+def test_the_host_cuts_the_batch_into_a_split_layers_rows_without_copying_it():
+    # dense split in halves over the two GPUs: the host's cut shares the batch's buffer (no time),
+    # each half (0.5 MB) crosses its own host link (0-0.6 ms), and each shard runs 1.6 ms: 2.2 ms.
+    g = batch_graph()
+    halves = (Shard("/GPU:0", 0.5), Shard("/GPU:1", 0.5))
+    result = simulate(g, cluster(), Plan(placement=on_gpu0(g).placement, splits={"dense": halves}))
+    assert result.makespan == pytest.approx(0.6e-3 + 1.6e-3)
+    assert sorted((t.dst, t.bytes) for t in result.transfers) == [("/GPU:0", 0.5e6), ("/GPU:1", 0.5e6)]

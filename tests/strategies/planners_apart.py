@@ -21,8 +21,12 @@ def on_the_second_device(request) -> list:
 
 
 def released_later(request) -> list:
-    """``on_the_second_device`` once the file named by ``KERASFLOW_TEST_RELEASE`` exists."""
+    """``on_the_second_device`` once the file named by ``KERASFLOW_TEST_RELEASE`` exists (an error
+    after 20 s without it: a planner run inside ``fit`` would wait for a step that never comes)."""
+    waited = time.monotonic()
     while not os.path.exists(os.environ[RELEASE]):
+        if time.monotonic() - waited > 20:
+            raise RuntimeError("never released: was the planner run inside fit?")
         time.sleep(0.02)
     return on_the_second_device(request)
 
