@@ -8,6 +8,10 @@ import platform
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# The benchmarks time plans in fits of a few dozen steps, too short to train on while the planner
+# runs beside them: they plan inside fit (background_planning=False) unless the variable says
+# otherwise; their subprocesses inherit it.
+os.environ.setdefault("KERASFLOW_BACKGROUND_PLANNING", "0")
 
 from kerasflow.planner.sim.report import format_table  # noqa: E402,F401
 
