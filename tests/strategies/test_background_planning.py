@@ -20,6 +20,10 @@ from kerasflow.strategies import Collaborators
 from tests.profiling import models
 from tests.strategies import planners_apart
 
+# Each test starts planning processes and waits on them (about 30 s in all): CI's slow step runs them,
+# which keeps the README's suite under its 15 minutes.
+pytestmark = pytest.mark.slow
+
 BATCH = 16
 # Warm-up is steps 0-1, step 2 is profiled; the planner starts after step 2.
 OPTIONS = dict(verbose=0, warmup_steps=2, profile_steps=1, background_planning=True, drop_slower_plan=False)
