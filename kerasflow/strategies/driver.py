@@ -14,8 +14,8 @@ against it, and XLA is on again whenever the default placement is kept or taken 
 profiles the step and the planner plans it: by default in a process of its own
 (``kerasflow.planning_job``), in ``Planning``, while the steps go on on the default placement
 and each step's end asks whether the plans have arrived; with ``background_planning=False``
-(or a planner that process cannot import) inside ``fit``, which waits. ``InTrial``: the plan is in force (``InForce``, the plan's one home) and
-timed beside the default placement (``Trial``); its verdict keeps it (``Planned``), tries the
+(or a planner that process cannot import) inside ``fit``, which waits. ``InTrial``: the plan is
+in force (``InForce``, the plan's one home) and timed beside the default placement (``Trial``); its verdict keeps it (``Planned``), tries the
 runner-up once, or drops it. ``Default``: the planner kept the default placement (nothing was
 applied: no trial, no retrace), or ``Retreat`` took the model back to it. A failure anywhere
 warns once, naming the cause, and retreats; a plan given up front that fits another model raises.

@@ -22,8 +22,8 @@ from kerasflow.strategies.options import Options
 from kerasflow.strategies.plan_report import PlanReport
 from kerasflow.strategies.reporting import Reporter
 
-__all__ = ["profile_in_fit", "planning_request", "planned_report", "data_parallel_step", "may_split", "may_replicate", "placement_only", "ProfiledSteps",
-           "LoopTime", "given_plan_mismatch"]
+__all__ = ["profile_in_fit", "planning_request", "planned_report", "data_parallel_step", "may_split", "may_replicate",
+           "placement_only", "ProfiledSteps", "LoopTime", "given_plan_mismatch"]
 
 
 def profile_in_fit(model, batch, *, own_step: Callable, kernel_times, options: Options,
